@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine (see README):
+#   make run    build the embedded world if missing, run the Fig. 6 grid, draw it, build its report
+#   make test   run the test suite
+# Both create or reuse .venv; torch is pinned and installed first so pip never pulls a CUDA build.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+TORCH   := torch==2.13.0
+ABLATION ?= ablations/score_reparam.yaml
+WORKERS ?= 2
+
+.PHONY: venv run test bench clean-runs help
+
+help:
+	@echo "make run    - main job on the embedded world (world -> $(ABLATION) -> figures -> report PDF)"
+	@echo "make test   - the test suite"
+	@echo "make bench  - speed benchmarks (installs the optional bench group)"
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(TORCH)
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VPY) -m harness.main --ablation $(ABLATION) --workers $(WORKERS)
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(VPY) -m pip install -q -e '.[bench]'
+	$(VPY) -m bench.run_all

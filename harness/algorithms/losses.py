@@ -1,0 +1,124 @@
+"""Policy objectives (PPO, APA, AWR), the clipped value loss and the entropy term.
+
+Every loss is a masked mean over the minibatch's response tokens. Each policy loss returns
+(loss, stats) where stats holds detached tensors for logging.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .stats import masked_mean
+
+
+def ppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float | None,
+    importance_sampling: bool = True,
+    **_: object,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate -min(ratio*A, clip(ratio, 1-eps, 1+eps)*A), ratio vs the rollout policy.
+
+    importance_sampling=False drops the ratio: the gradient of -A*log pi, as if every epoch's
+    data were fresh on-policy samples (no correction, nothing to clip).
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    if importance_sampling:
+        surr = ratio * advantages
+        if clip_eps is not None:
+            clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+            loss_tok = -torch.min(surr, clipped)
+            clipfrac = masked_mean((clipped < surr).float(), mask)
+        else:
+            loss_tok = -surr
+            clipfrac = torch.zeros(())
+    else:
+        loss_tok = -advantages * logprobs
+        clipfrac = torch.zeros(())
+    loss = masked_mean(loss_tok, mask)
+    return loss, {"clipfrac": clipfrac.detach(), "ratio": ratio.detach(), "log_ratio": log_ratio.detach()}
+
+
+def apa_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor,
+    apa_lambda: float,
+    **_: object,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """APA: mean((log pi - A/lambda - log pi_init)^2); pi_init = the reference (SFT) model."""
+    loss = masked_mean((logprobs - advantages / apa_lambda - ref_logprobs) ** 2, mask)
+    log_ratio = (logprobs - old_logprobs).detach()
+    return loss, {"clipfrac": torch.zeros(()), "ratio": log_ratio.exp(), "log_ratio": log_ratio}
+
+
+def awr_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    awr_beta: float,
+    awr_max_weight: float | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """AWR: -mean(log pi * exp(A/beta)); weights optionally clipped (clipfrac counts clipped ones)."""
+    weights = torch.exp(advantages / awr_beta)
+    if awr_max_weight is not None:
+        clipfrac = masked_mean((weights > awr_max_weight).float(), mask)
+        weights = weights.clamp(max=awr_max_weight)
+    else:
+        clipfrac = torch.zeros(())
+    loss = -masked_mean(logprobs * weights.detach(), mask)
+    log_ratio = (logprobs - old_logprobs).detach()
+    return loss, {"clipfrac": clipfrac.detach(), "ratio": log_ratio.exp(), "log_ratio": log_ratio}
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
+    "ppo": ppo_loss,
+    "apa": apa_loss,
+    "awr": awr_loss,
+}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0.5*max((V-R)^2, (clip(V, V_old-d, V_old+d)-R)^2), or 0.5*(V-R)^2 when clip is None.
+
+    Returns (loss, clip fraction).
+    """
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(unclipped, mask), torch.zeros(())
+    v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    clipped = (v_clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.max(unclipped, clipped), mask)
+    clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    return loss, clipfrac.detach()
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy (nats) of softmax(logits)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def entropy_term(mean_entropy: torch.Tensor, coef: float, target: float | None) -> torch.Tensor:
+    """Loss term: -coef*H (bonus), or coef*|H - target| (the paper's entropy clip variant)."""
+    if target is None:
+        return -coef * mean_entropy
+    return coef * (mean_entropy - target).abs()

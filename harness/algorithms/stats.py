@@ -1,0 +1,89 @@
+"""Masked statistics over response tokens, and running mean/std with a parallel merge."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean over positions where mask is 1 (all tokens of the batch when dim is None)."""
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = mask.sum()
+        var = var * n / (n - 1).clamp(min=1)
+    return var
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries; masked-out entries come back as 0."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+class RunningMeanStd:
+    """Running mean and variance of a scalar stream, merged batch by batch (Chan et al.).
+
+    `update` merges the whole batch before the batch is normalized, so the statistics used on a
+    batch include it (as the reference code does).
+    """
+
+    def __init__(self) -> None:
+        self.mean = 0.0
+        self.var = 1.0  # population variance of everything seen
+        self.count = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.detach().double().flatten()
+        n = x.numel()
+        if n == 0:
+            return
+        b_mean = x.mean().item()
+        b_var = x.var(unbiased=False).item()
+        if self.count == 0:
+            self.mean, self.var, self.count = b_mean, b_var, n
+            return
+        tot = self.count + n
+        delta = b_mean - self.mean
+        m2 = self.var * self.count + b_var * n + delta**2 * self.count * n / tot
+        self.mean = self.mean + delta * n / tot
+        self.var = m2 / tot
+        self.count = tot
+
+    def merge(self, mean: float, var: float, count: int) -> None:
+        """Merge statistics computed elsewhere (another rank)."""
+        if count == 0:
+            return
+        if self.count == 0:
+            self.mean, self.var, self.count = mean, var, count
+            return
+        tot = self.count + count
+        delta = mean - self.mean
+        m2 = self.var * self.count + var * count + delta**2 * self.count * count / tot
+        self.mean += delta * count / tot
+        self.var = m2 / tot
+        self.count = tot
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(max(self.var, 0.0))
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.mean, self.var, self.count = float(s["mean"]), float(s["var"]), int(s["count"])

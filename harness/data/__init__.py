@@ -1,0 +1,46 @@
+"""Prompt sources: the embedded world or an HH-RLHF file, behind one small interface."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import TrainConfig
+
+GoldFn = Callable[[list[str], list[str], list[bool] | None], list[float]]
+
+
+@dataclass
+class PromptSource:
+    train_prompts: list[str]
+    eval_prompts: list[str]
+    sft_texts: list[tuple[str, str]]
+    """(prompt, response) pairs for PPO-ptx."""
+    gold: GoldFn | None
+    """Hidden gold reward (embedded world only)."""
+
+
+def load_source(cfg: TrainConfig) -> PromptSource:
+    if cfg.data.source == "world":
+        from ..models import resolve_path  # noqa: F401  (same error text for a missing world)
+        from ..world import load_world
+        from pathlib import Path
+
+        if not Path(cfg.data.world_dir).exists():
+            raise FileNotFoundError(
+                f"data.world_dir: {cfg.data.world_dir!r} holds no built world; build it with "
+                f"`python -m harness.world build --out {cfg.data.world_dir}`"
+            )
+        w = load_world(cfg.data.world_dir)
+        return PromptSource(list(w.train_prompts), list(w.eval_prompts)[: cfg.data.eval_prompts], list(w.sft_pairs), w.gold_reward)
+    from .hh_rlhf import load_hh
+
+    hh = load_hh(cfg.data.hh_path)
+    prompts = list(hh.prompts)
+    rng = random.Random(cfg.seed)
+    order = list(range(len(prompts)))
+    rng.shuffle(order)
+    n_eval = min(cfg.data.eval_prompts, len(prompts) // 10)
+    eval_prompts = [prompts[i] for i in order[:n_eval]]
+    train_prompts = [prompts[i] for i in order[n_eval:]]
+    return PromptSource(train_prompts, eval_prompts, list(hh.sft_pairs), None)

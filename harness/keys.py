@@ -1,0 +1,118 @@
+"""Names shared by the trainer, the ablation runner, sweeps and analysis: MLflow metric keys,
+tags and artifact paths. Everything downstream of training meets at the MLflow store, so these
+names are the contract; change them here or nowhere.
+
+Metric keys are grouped by prefix the way TRL and verl name them. Every key below is logged at
+every PPO step (x axis = `step`), except those under eval/ (every logging.eval_every steps),
+collapse/step (once, when collapse is detected) and the world's rm/ keys (reward-model training).
+"""
+
+# -- objective: what the run optimizes and how far it moved (paper section 4) -----------------
+RM_SCORE = "objective/rm_score"  # raw reward-model score, before any scaling (mean over batch)
+RM_SCORE_STD = "objective/rm_score_std"
+GOLD_SCORE = "objective/gold_score"  # hidden gold reward (embedded world only)
+GOLD_SCORE_STD = "objective/gold_score_std"
+KL = "objective/kl"  # per sample mean over response tokens of log pi - log pi_ref (k1), batch mean
+KL_K3 = "objective/kl_k3"  # same with the k3 estimator (non-negative)
+KL_COEF = "objective/kl_coef"  # eta in force this step (moves with the adaptive controller)
+ENTROPY = "objective/entropy"  # mean per-token entropy of the policy on its samples (nats)
+PPL = "objective/ppl"  # exp(mean token NLL) of the samples under the policy, batch mean
+PPL_REF = "objective/ppl_ref"  # same under the reference (SFT) model
+NON_SCORE_REWARD = "objective/non_score_reward"  # summed KL-penalty reward per sample, batch mean
+SCORE_PROCESSED = "objective/score_processed"  # score after scaling/normalization/clipping
+
+# -- response ----------------------------------------------------------------------------------
+LENGTH = "response/length_mean"
+LENGTH_MAX = "response/length_max"
+FRAC_AT_CAP = "response/frac_at_cap"
+
+# -- policy update -----------------------------------------------------------------------------
+PG_LOSS = "policy/pg_loss"
+ENTROPY_LOSS = "policy/entropy_loss"
+PTX_LOSS = "policy/ptx_loss"
+APPROX_KL = "policy/approx_kl"  # 0.5*mean((log pi - log pi_rollout)^2)
+POLICY_CLIPFRAC = "policy/clipfrac"
+RATIO_MEAN = "policy/ratio_mean"
+RATIO_STD = "policy/ratio_std"
+RATIO_MAX = "policy/ratio_max"
+
+# -- value / critic ----------------------------------------------------------------------------
+VF_LOSS = "val/vf_loss"
+VF_CLIPFRAC = "val/clipfrac"
+VALUES = "val/values_mean"
+RETURNS = "val/returns_mean"
+RETURNS_STD = "val/returns_std"
+
+# -- advantages (after normalization/clipping, as used by the loss) -----------------------------
+ADV_MEAN = "adv/mean"
+ADV_STD = "adv/std"
+ADV_RAW_MEAN = "adv/raw_mean"
+ADV_RAW_STD = "adv/raw_std"
+
+# -- reward processing running statistics -------------------------------------------------------
+REWARD_RUNNING_MEAN = "reward/running_mean"
+REWARD_RUNNING_STD = "reward/running_std"
+
+# -- optimizer ---------------------------------------------------------------------------------
+GRAD_NORM_POLICY = "optim/grad_norm_policy"  # before clipping, mean over updates this step
+GRAD_NORM_CRITIC = "optim/grad_norm_critic"
+LR_POLICY = "optim/lr_policy"
+LR_CRITIC = "optim/lr_critic"
+
+# -- speed -------------------------------------------------------------------------------------
+TOKENS_PER_S = "perf/tokens_per_s"  # generated response tokens per second of step time
+STEP_S = "perf/step_s"
+TIME_ROLLOUT = "perf/time_rollout_s"
+TIME_SCORE = "perf/time_score_s"
+TIME_ADVANTAGE = "perf/time_advantage_s"
+TIME_UPDATE = "perf/time_update_s"
+TIME_LOGGING = "perf/time_logging_s"  # logging time of the previous step (this step's is not known yet)
+
+# -- eval on held-out prompts --------------------------------------------------------------------
+EVAL_GOLD = "eval/gold_score"
+EVAL_RM = "eval/rm_score"
+EVAL_WIN_RATE = "eval/win_rate_vs_sft"  # gold(policy) > gold(SFT) on the same prompt; ties count half
+EVAL_LENGTH = "eval/length_mean"
+
+# -- collapse ----------------------------------------------------------------------------------
+COLLAPSE_STEP = "collapse/step"  # logged once, at the step the collapse streak began
+COLLAPSE_SIGNALS = "collapse/signals"  # number of rule signals firing this step
+
+# -- reward-model training (world build; experiment `world`) ------------------------------------
+RM_TRAIN_ACC = "rm/train_acc"
+RM_EVAL_ACC = "rm/eval_acc"
+RM_TRAIN_LOSS = "rm/train_loss"
+
+STEP_METRICS = [
+    RM_SCORE, RM_SCORE_STD, KL, KL_K3, KL_COEF, ENTROPY, PPL, PPL_REF, NON_SCORE_REWARD,
+    SCORE_PROCESSED, LENGTH, LENGTH_MAX, FRAC_AT_CAP, PG_LOSS, ENTROPY_LOSS, PTX_LOSS, APPROX_KL,
+    POLICY_CLIPFRAC, RATIO_MEAN, RATIO_STD, RATIO_MAX, VF_LOSS, VF_CLIPFRAC, VALUES, RETURNS,
+    RETURNS_STD, ADV_MEAN, ADV_STD, ADV_RAW_MEAN, ADV_RAW_STD, REWARD_RUNNING_MEAN,
+    REWARD_RUNNING_STD, GRAD_NORM_POLICY, GRAD_NORM_CRITIC, LR_POLICY, LR_CRITIC, TOKENS_PER_S,
+    STEP_S, TIME_ROLLOUT, TIME_SCORE, TIME_ADVANTAGE, TIME_UPDATE, TIME_LOGGING,
+]
+"""Logged at every step (gold keys too when the source has a gold reward)."""
+GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
+EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
+
+# -- tags ----------------------------------------------------------------------------------------
+TAG_SEED = "harness.seed"
+TAG_COMMIT = "harness.git_commit"
+TAG_CONFIG_HASH = "harness.config_hash"
+TAG_POLICY_LOSS = "harness.policy_loss"
+TAG_COLLAPSED = "harness.collapsed"  # "true" / "false", set at the end of a run
+TAG_COLLAPSE_REASON = "harness.collapse_reason"
+TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, exception)
+TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
+TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
+# Set by the ablation runner / sweeps on child runs:
+TAG_ABLATION = "harness.ablation"
+TAG_FIGURE = "harness.figure"
+TAG_VARIANT = "harness.variant"
+TAG_TRIAL = "harness.trial"
+
+# -- artifacts -----------------------------------------------------------------------------------
+ARTIFACT_CONFIG = "config.yaml"  # the resolved config
+SAMPLES_DIR = "samples"  # samples/step_000050.json: {"step", "rows": [{prompt, response, rm_score, gold_score, length}]}
+EVAL_SCORES_DIR = "eval"  # eval/rm_scores_step_000050.json: {"step", "rm": [...], "gold": [...]} (Fig. 13)
+RM_SCORE_DIFF = "rm_score_diff.json"  # world run: {"diff": [...]} chosen - rejected on held-out pairs (Fig. 2)

@@ -1,0 +1,87 @@
+"""The collapse rule over the indicators (paper section 4).
+
+A step is *collapsing* when either
+  - gold reward is known and its smoothed value has fallen more than `gold_drop` below its best
+    smoothed value so far (the policy is fooling the reward model: the paper's pattern collapse as
+    a person would judge it), or
+  - at least two of the generic indicators fire on their smoothed values: KL to the reference
+    above `kl_max`, policy perplexity of its own samples below `ppl_min` (degenerate, repetitive
+    text), more than `cap_frac_max` of responses at the length cap.
+`patience` collapsing steps in a row mark the run collapsed; `collapse/step` is the first step of
+that streak. Smoothing is an EMA so one noisy batch neither triggers nor hides a collapse.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import keys
+from .config import CollapseConfig
+
+
+@dataclass
+class CollapseEvent:
+    step: int
+    reason: str
+
+
+class CollapseDetector:
+    def __init__(self, cfg: CollapseConfig):
+        self.cfg = cfg
+        self.ema: dict[str, float] = {}
+        self.best_gold: float | None = None
+        self.streak_start: int | None = None
+        self.streak = 0
+        self.event: CollapseEvent | None = None
+
+    def _smooth(self, key: str, value: float) -> float:
+        a = self.cfg.smoothing
+        self.ema[key] = value if key not in self.ema else a * self.ema[key] + (1 - a) * value
+        return self.ema[key]
+
+    def signals(self, m: dict[str, float]) -> list[str]:
+        c = self.cfg
+        fired = []
+        kl = self._smooth("kl", m[keys.KL])
+        ppl = self._smooth("ppl", m[keys.PPL])
+        cap = self._smooth("cap", m[keys.FRAC_AT_CAP])
+        generic = []
+        if kl > c.kl_max:
+            generic.append(f"KL {kl:.2f} > {c.kl_max:g}")
+        if ppl < c.ppl_min:
+            generic.append(f"perplexity {ppl:.3f} < {c.ppl_min:g}")
+        if cap > c.cap_frac_max:
+            generic.append(f"{cap:.0%} of responses at the length cap")
+        if len(generic) >= 2:
+            fired += generic
+        if keys.GOLD_SCORE in m:
+            gold = self._smooth("gold", m[keys.GOLD_SCORE])
+            self.best_gold = gold if self.best_gold is None else max(self.best_gold, gold)
+            if self.best_gold - gold > c.gold_drop:
+                fired.append(f"gold reward {gold:.2f} fell {self.best_gold - gold:.2f} below its best {self.best_gold:.2f}")
+        return fired
+
+    def update(self, step: int, metrics: dict[str, float]) -> tuple[int, CollapseEvent | None]:
+        """Feed one step; returns (number of signals firing, the collapse event if it begins now)."""
+        fired = self.signals(metrics)
+        if not fired:
+            self.streak, self.streak_start = 0, None
+            return 0, None
+        if self.streak == 0:
+            self.streak_start = step
+        self.streak += 1
+        if self.event is None and self.streak >= self.cfg.patience:
+            self.event = CollapseEvent(self.streak_start or step, "; ".join(fired))
+            return len(fired), self.event
+        return len(fired), None
+
+    def state_dict(self) -> dict:
+        return {
+            "ema": dict(self.ema), "best_gold": self.best_gold, "streak": self.streak,
+            "streak_start": self.streak_start,
+            "event": None if self.event is None else {"step": self.event.step, "reason": self.event.reason},
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        self.ema = dict(s["ema"])
+        self.best_gold, self.streak, self.streak_start = s["best_gold"], s["streak"], s["streak_start"]
+        self.event = CollapseEvent(**s["event"]) if s["event"] else None

@@ -1,0 +1,144 @@
+"""Building the four models of a run: policy, frozen reference, frozen reward model, critic.
+
+Any Hugging Face name or local directory can stand in for each; `world:NAME` resolves inside the
+embedded world's directory. The reward model and critic are a trunk plus a scalar head; we run the
+trunk ourselves and pick the positions, so left-padded prompts and right-padded responses are
+scored at exactly the tokens we mean (no reliance on a pad-token search inside the model).
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+import transformers
+
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from .config import TrainConfig
+
+
+class ModelPathError(ValueError):
+    pass
+
+
+def resolve_path(path: str, cfg: TrainConfig, field: str) -> str:
+    """`world:sft` -> the world's sft dir; local dirs must exist; other strings are HF names."""
+    if path.startswith("world:"):
+        from .world import load_world  # the world package is only needed for world: paths
+
+        name = path.split(":", 1)[1]
+        world_dir = Path(cfg.data.world_dir)
+        if not world_dir.exists():
+            raise ModelPathError(
+                f"{field}: {path!r} needs the embedded world in data.world_dir={str(world_dir)!r}, which does not "
+                f"exist; build it with `python -m harness.world build --out {world_dir}`"
+            )
+        world = load_world(world_dir)
+        attr = f"{name}_dir"
+        if not hasattr(world, attr):
+            raise ModelPathError(f"{field}: got {path!r}; allowed: world:sft, world:pretrained, world:reward, world:tokenizer")
+        return str(getattr(world, attr))
+    p = Path(path)
+    if (path.startswith((".", "/", "~")) or p.exists()) and not p.is_dir():
+        raise ModelPathError(f"{field}: {path!r} is not a directory with a saved model")
+    return path
+
+
+def base_of(model: nn.Module) -> nn.Module:
+    """The transformer trunk of an HF model with a head (GPT-2: .transformer, Llama: .model)."""
+    return getattr(model, model.base_model_prefix)
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+class ScalarHeadModel(nn.Module):
+    """A trunk and a linear head giving one scalar per position.
+
+    Used both as the reward model (read at the last real token) and as the critic (read at
+    every response position).
+    """
+
+    def __init__(self, trunk: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.trunk = trunk
+        self.head = head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        return self.head(hidden).squeeze(-1).float()
+
+    def score_last(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Scalar at the last position whose attention mask is 1 (the end of the response)."""
+        values = self(input_ids, attention_mask, position_ids)
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).float().argmax(1)
+        return values[torch.arange(values.shape[0], device=values.device), last]
+
+
+def load_tokenizer(cfg: TrainConfig):
+    path = resolve_path(cfg.model.tokenizer_path or cfg.model.sft_path, cfg, "model.tokenizer_path")
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.eos_token_id is None:
+        raise ModelPathError(f"model.tokenizer_path: the tokenizer at {path!r} has no eos token; responses could never end")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str) -> nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def load_reward_model(path: str) -> ScalarHeadModel:
+    rm = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    head = rm.score if hasattr(rm, "score") else rm.classifier
+    if head.out_features != 1:
+        raise ModelPathError(f"model.reward_path: {path!r} has {head.out_features} labels; a reward model needs exactly 1")
+    return ScalarHeadModel(base_of(rm), head)
+
+
+def build_critic(cfg: TrainConfig, sft_path: str, reward_path: str) -> ScalarHeadModel:
+    """Critic initialization (trick 8): from the reward model, the SFT trunk, or random."""
+    mode = cfg.model.critic_init
+    if mode == "reward":
+        rm = load_reward_model(reward_path)
+        return ScalarHeadModel(copy.deepcopy(rm.trunk), copy.deepcopy(rm.head))
+    if mode == "sft":
+        trunk = base_of(load_causal_lm(sft_path))
+    else:  # random: same architecture, fresh weights
+        trunk = AutoModel.from_config(AutoConfig.from_pretrained(sft_path))
+    hidden = trunk.config.hidden_size
+    head = nn.Linear(hidden, 1, bias=True)
+    nn.init.normal_(head.weight, std=1.0 / (hidden + 1) ** 0.5)
+    nn.init.zeros_(head.bias)
+    return ScalarHeadModel(trunk, head)
+
+
+class Models:
+    """The four models of a run, placed on one device, reference and reward frozen."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device):
+        sft = resolve_path(cfg.model.sft_path, cfg, "model.sft_path")
+        reward = resolve_path(cfg.model.reward_path, cfg, "model.reward_path")
+        policy_src = sft if cfg.model.policy_init == "sft" else resolve_path(cfg.model.pretrained_path, cfg, "model.pretrained_path")
+        self.tokenizer = load_tokenizer(cfg)
+        self.policy = load_causal_lm(policy_src).to(device)
+        self.policy.eval()  # dropout off: ratios must be 1 on the first minibatch
+        self.reference = freeze(load_causal_lm(sft).to(device))
+        self.reward = freeze(load_reward_model(reward).to(device))
+        torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
+        self.critic = build_critic(cfg, sft, reward).to(device)
+        self.critic.eval()
+        if self.policy.config.vocab_size < len(self.tokenizer):
+            raise ModelPathError(
+                f"model.tokenizer_path: tokenizer has {len(self.tokenizer)} tokens but the policy's vocab is "
+                f"{self.policy.config.vocab_size}; they must come from the same world/model"
+            )

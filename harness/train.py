@@ -1,0 +1,283 @@
+"""One training run: `python -m harness.train CONFIG.yaml [--set key=value ...] [--resume]`.
+
+Owns the run's life: validate the config, open (or reopen) the MLflow run, build the models,
+train step by step with one metric batch per step, samples / eval / checkpoints on schedule,
+the collapse rule, and a clean FAILED status with the reason when anything goes wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import keys, tracking
+from .config import ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
+from .metrics import CollapseDetector
+
+OnStep = Callable[[int, dict[str, float]], bool]
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str  # FINISHED | FAILED | KILLED
+    steps_done: int
+    collapsed: bool = False
+    collapse_step: int | None = None
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    run_dir: str = ""
+
+
+def default_run_name(cfg: TrainConfig) -> str:
+    return f"{cfg.logging.experiment}-{cfg.ppo.policy_loss}-seed{cfg.seed}"
+
+
+def pick_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(["device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto"])
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+# ------------------------------------------------------------------ run files and checkpoints
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, state: dict) -> None:
+    """Write to a temp file and rename, so a kill mid-save leaves the previous checkpoint intact."""
+    ckpt = run_dir / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt / "state.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, ckpt / "state.pt")
+
+
+def load_checkpoint(run_dir: Path) -> dict | None:
+    f = run_dir / "ckpt" / "state.pt"
+    if not f.exists():
+        return None
+    # weights_only: tensors, numbers, strings and containers only; no pickled code is executed
+    return torch.load(f, map_location="cpu", weights_only=True)
+
+
+# ------------------------------------------------------------------ the run
+def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = None) -> RunResult:
+    """Run PPO (or APA/AWR) to `cfg.ppo.steps`; see docs/CONTRACTS.md. Never raises on divergence."""
+    log = cfg.logging
+    run_name = log.run_name or default_run_name(cfg)
+    run_dir = Path(log.output_dir) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    uri = log.tracking_uri
+    chash = config_hash(cfg)
+
+    state = load_checkpoint(run_dir) if resume else None
+    run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
+    if state is not None and run_info is not None and run_info.get("config_hash") == chash:
+        run_id = run_info["run_id"]
+        tracking.reopen_run(uri, run_id)
+    else:
+        state = None
+        tags = {
+            keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
+            keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train", **log.tags,
+        }
+        run_id = tracking.start_run(uri, log.experiment, run_name, tags=tags, parent_run_id=log.parent_run_id)
+        tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
+        tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
+    info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0}
+    _write_json_atomic(run_dir / "run.json", info)
+
+    result = RunResult(run_id=run_id, status="RUNNING", steps_done=0, run_dir=str(run_dir))
+    try:
+        _train_loop(cfg, run_id, run_dir, state, on_step, result, info)
+        result.status = "FINISHED"
+    except KeyboardInterrupt:
+        result.status = "KILLED"
+        tracking.end_run(uri, run_id, "KILLED")
+        info.update(status="KILLED")
+        _write_json_atomic(run_dir / "run.json", info)
+        raise
+    except Exception as e:  # noqa: BLE001 - a failed run must never take its caller down
+        result.status = "FAILED"
+        result.error = f"{type(e).__name__}: {e}"
+        tb = traceback.format_exc()
+        try:
+            tracking.set_tags(uri, run_id, {keys.TAG_FAILURE: result.error[:4000]})
+            tracking.log_text_artifact(uri, run_id, tb, "failure_traceback.txt")
+        finally:
+            tracking.end_run(uri, run_id, "FAILED")
+        info.update(status="FAILED", error=result.error)
+        _write_json_atomic(run_dir / "run.json", info)
+        if log.progress:
+            print(f"[harness] run {run_name} FAILED: {result.error}", file=sys.stderr)
+        return result
+    tracking.end_run(uri, run_id, "FINISHED")
+    info.update(status="FINISHED", step=result.steps_done)
+    _write_json_atomic(run_dir / "run.json", info)
+    return result
+
+
+def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None, on_step: OnStep | None,
+                result: RunResult, info: dict) -> None:
+    from .data import load_source
+    from .models import Models
+    from .trainer import PPOTrainer
+
+    log, uri = cfg.logging, cfg.logging.tracking_uri
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg)
+    source = load_source(cfg)
+    models = Models(cfg, device)
+    trainer = PPOTrainer(cfg, models, source, device)
+    detector = CollapseDetector(cfg.collapse)
+    logger = tracking.MetricLogger(uri, run_id)
+    start_step = 0
+    if state is not None:
+        trainer.load_state_dict(state)
+        detector.load_state_dict(json.loads(state["detector"]))
+        start_step = int(state["step"])
+    else:
+        trainer.seed_reward_stats()
+        for k in range(cfg.ppo.critic_pretrain_steps):
+            m = trainer.pretrain_critic()
+            logger.log({f"critic_pretrain/{key.split('/')[-1]}": v for key, v in m.items() if key.startswith("val/")}, step=k)
+        if log.eval_every:
+            _evaluate(trainer, uri, run_id, logger, 0)
+
+    def checkpoint(step: int) -> None:
+        s = trainer.state_dict()
+        s["step"] = step
+        s["detector"] = json.dumps(detector.state_dict())
+        save_checkpoint(run_dir, s)
+        info.update(step=step)
+        _write_json_atomic(run_dir / "run.json", info)
+
+    bar = None
+    if log.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.ppo.steps, initial=start_step, desc=log.run_name or "train", unit="step", dynamic_ncols=True, leave=False)
+    last_log_s = 0.0
+    metrics: dict[str, float] = {}
+    step = start_step
+    b = None
+    try:
+        for step in range(start_step + 1, cfg.ppo.steps + 1):
+            metrics, b = trainer.step()
+            t_log = time.perf_counter()
+            metrics[keys.TIME_LOGGING] = last_log_s
+            n_signals, event = detector.update(step, metrics) if cfg.collapse.enabled else (0, None)
+            metrics[keys.COLLAPSE_SIGNALS] = n_signals
+            if event is not None:
+                metrics[keys.COLLAPSE_STEP] = event.step
+                result.collapsed, result.collapse_step = True, event.step
+                tracking.set_tags(uri, run_id, {keys.TAG_COLLAPSED: "true", keys.TAG_COLLAPSE_REASON: event.reason})
+            if log.eval_every and step % log.eval_every == 0:
+                metrics.update(_evaluate(trainer, uri, run_id, None, step))
+            logger.log(metrics, step=step)
+            if (log.sample_every and step % log.sample_every == 0) or step == cfg.ppo.steps:
+                _log_samples(trainer, b, uri, run_id, step)
+            last_log_s = time.perf_counter() - t_log
+            result.steps_done = step
+            if bar is not None:
+                post = {"rm": f"{metrics[keys.RM_SCORE]:.2f}", "kl": f"{metrics[keys.KL]:.3f}"}
+                if keys.GOLD_SCORE in metrics:
+                    post["gold"] = f"{metrics[keys.GOLD_SCORE]:.2f}"
+                bar.set_postfix(post, refresh=False)
+                bar.update(1)
+            stop_cb = on_step(step, metrics) if on_step is not None else False
+            if log.checkpoint_every and step % log.checkpoint_every == 0 and step < cfg.ppo.steps:
+                checkpoint(step)
+            if stop_cb:
+                tracking.set_tags(uri, run_id, {keys.TAG_STOPPED: "callback"})
+                break
+            if event is not None and cfg.collapse.stop_on_collapse:
+                tracking.set_tags(uri, run_id, {keys.TAG_STOPPED: "collapse"})
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    if result.steps_done and b is not None and log.sample_every and result.steps_done % log.sample_every and result.steps_done != cfg.ppo.steps:
+        _log_samples(trainer, b, uri, run_id, result.steps_done)
+    if log.eval_every and result.steps_done % log.eval_every:
+        logger.log(_evaluate(trainer, uri, run_id, None, result.steps_done), step=result.steps_done)
+    checkpoint(result.steps_done)
+    if not result.collapsed:
+        tracking.set_tags(uri, run_id, {keys.TAG_COLLAPSED: "false"})
+    result.final_metrics = metrics
+
+
+def _evaluate(trainer, uri: str, run_id: str, logger: tracking.MetricLogger | None, step: int) -> dict[str, float]:
+    m, scores = trainer.evaluate()
+    if scores:
+        tracking.log_json_artifact(uri, run_id, {"step": step, **scores}, f"{keys.EVAL_SCORES_DIR}/rm_scores_step_{step:06d}.json")
+    if logger is not None and m:
+        logger.log(m, step=step)
+    return m
+
+
+def _log_samples(trainer, b, uri: str, run_id: str, step: int) -> None:
+    n = trainer.cfg.logging.num_samples
+    if not n:
+        return
+    rows = []
+    for i in range(min(n, len(b.prompts))):
+        rows.append({
+            "prompt": b.prompts[i], "response": b.responses[i], "rm_score": round(b.scores[i].item(), 4),
+            "gold_score": None if b.gold is None else round(b.gold[i].item(), 4),
+            "length": int(b.rollout.lengths[i].item()), "ended": bool(b.rollout.ended[i].item()),
+        })
+    tracking.log_json_artifact(uri, run_id, {"step": step, "rows": rows}, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")
+
+
+# ------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.train",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train one PPO / APA / AWR run and log it to MLflow.",
+        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + help_text(),
+    )
+    ap.add_argument("config", nargs="?", help="YAML config file (optional: defaults + --set work alone)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key, e.g. --set ppo.kl_coef=0.1 (repeatable)")
+    ap.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint into the same MLflow run")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(to_yaml(cfg))
+        return 0
+    result = train(cfg, resume=args.resume)
+    summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
+    print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,
+                      "collapsed": result.collapsed, "collapse_step": result.collapse_step, "error": result.error,
+                      "final": summary}, indent=1))
+    return 0 if result.status == "FINISHED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
