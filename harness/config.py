@@ -363,6 +363,12 @@ def _coerce(path: str, value: Any, tp: Any, problems: list[str]) -> Any:
         problems.append(bad)
         return value
     if inner in (int, float):
+        if isinstance(value, str):
+            # YAML 1.1 reads `1e-5` (no dot) as a string; accept what any researcher means by it
+            try:
+                value = float(value) if inner is float else int(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.append(bad)
             return value

@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny embedded world built once per test session, and fast run settings."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """A world at the TINY scale (seconds to build), shared by every test of the session."""
+    from harness.world import TINY, build_world, load_world_config
+
+    root = tmp_path_factory.mktemp("world")
+    path = build_world(
+        load_world_config(overrides=TINY), root / "world",
+        tracking_uri=f"sqlite:///{root / 'mlflow.db'}", progress=False,
+    )
+    return path
+
+
+def fast_overrides(world_dir, tmp_path, **extra) -> list[str]:
+    """Config overrides for a run of a few seconds on the tiny world, logging into tmp_path."""
+    base = {
+        "data.world_dir": str(world_dir),
+        "data.eval_prompts": 8,
+        "ppo.steps": 4,
+        "ppo.rollout_batch_size": 8,
+        "ppo.num_minibatches": 2,
+        "ppo.ppo_epochs": 1,
+        "generation.max_new_tokens": 12,
+        "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "logging.output_dir": str(tmp_path / "runs"),
+        "logging.eval_every": 2,
+        "logging.sample_every": 2,
+        "logging.checkpoint_every": 2,
+        "logging.progress": False,
+        "threads": 1,
+    }
+    base.update(extra)
+    return [f"{k}={'null' if v is None else v}" for k, v in base.items()]

@@ -1,0 +1,105 @@
+"""A few real PPO / APA / AWR steps of tiny models, logged to a real MLflow store and read back."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness import keys, tracking
+from harness.config import load_config
+from harness.train import train
+from conftest import fast_overrides
+
+
+def run(tiny_world, tmp_path, **extra):
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **extra))
+    return cfg, train(cfg)
+
+
+@pytest.mark.parametrize("loss", ["ppo", "apa", "awr"])
+def test_every_metric_reaches_mlflow(tiny_world, tmp_path, loss):
+    cfg, res = run(tiny_world, tmp_path, **{"ppo.policy_loss": loss, "ppo.ptx_coef": 0.1, "ppo.entropy_coef": 0.01})
+    assert res.status == "FINISHED", res.error
+    c = tracking.client(cfg.logging.tracking_uri)
+    r = c.get_run(res.run_id)
+    expected = keys.STEP_METRICS + keys.GOLD_METRICS + keys.EVAL_METRICS + [keys.PTX_LOSS]
+    assert [k for k in expected if k not in r.data.metrics] == []
+    # one point per step for step metrics; eval at steps 0, 2, 4
+    assert [m.step for m in c.get_metric_history(res.run_id, keys.KL)] == [1, 2, 3, 4]
+    assert [m.step for m in c.get_metric_history(res.run_id, keys.EVAL_WIN_RATE)] == [0, 2, 4]
+    assert r.data.params["ppo.policy_loss"] == loss and r.data.params["reward.clip"] == "0.8"
+    assert r.data.tags[keys.TAG_SEED] == "0" and r.data.tags[keys.TAG_COLLAPSED] in ("true", "false")
+    assert keys.TAG_COMMIT in r.data.tags and r.info.status == "FINISHED"
+    arts = {a.path for a in c.list_artifacts(res.run_id)}
+    assert {"config.yaml", "samples", "eval"} <= arts
+    samples = tracking.load_json_artifact(cfg.logging.tracking_uri, res.run_id, "samples/step_000004.json")
+    assert samples["step"] == 4 and len(samples["rows"]) == 8 and "response" in samples["rows"][0]
+    assert all(math.isfinite(v) for v in r.data.metrics.values())
+
+
+def test_reference_and_reward_model_receive_no_gradient(tiny_world, tmp_path):
+    from harness.data import load_source
+    from harness.models import Models
+    from harness.trainer import PPOTrainer
+
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path))
+    torch.manual_seed(0)
+    models = Models(cfg, torch.device("cpu"))
+    before_ref = [p.clone() for p in models.reference.parameters()]
+    before_rm = [p.clone() for p in models.reward.parameters()]
+    before_pol = [p.clone() for p in models.policy.parameters()]
+    trainer = PPOTrainer(cfg, models, load_source(cfg), torch.device("cpu"))
+    trainer.step()
+    for m in (models.reference, models.reward):
+        assert all(not p.requires_grad and p.grad is None for p in m.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before_ref, models.reference.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before_rm, models.reward.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before_pol, models.policy.parameters()))
+
+
+def test_first_minibatch_ratio_is_one_and_same_seed_same_run(tiny_world, tmp_path):
+    cfg, a = run(tiny_world, tmp_path / "a", **{"ppo.steps": 2, "logging.eval_every": 0})
+    _, b = run(tiny_world, tmp_path / "b", **{"ppo.steps": 2, "logging.eval_every": 0})
+    assert a.final_metrics[keys.RM_SCORE] == b.final_metrics[keys.RM_SCORE]
+    assert a.final_metrics[keys.PG_LOSS] == b.final_metrics[keys.PG_LOSS]
+    hist = tracking.metric_history(cfg.logging.tracking_uri, a.run_id, keys.APPROX_KL)
+    assert hist[0][1] < 1e-3  # one epoch: each minibatch is seen once, right after its rollout
+
+
+def test_nan_loss_ends_run_failed_without_raising(tiny_world, tmp_path):
+    # an absurd learning rate blows the policy up within a few updates
+    cfg, res = run(tiny_world, tmp_path, **{"ppo.steps": 30, "ppo.policy_lr": 1e30, "ppo.max_grad_norm": 0, "logging.eval_every": 0,
+                                              "ppo.adv_normalize": False, "ppo.clip_eps": None, "reward.normalize": False})
+    assert res.status == "FAILED"
+    assert res.error and ("non-finite" in res.error or "nan" in res.error.lower() or "inf" in res.error.lower())
+    r = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id)
+    assert r.info.status == "FAILED" and keys.TAG_FAILURE in r.data.tags
+
+
+def test_killed_run_resumes_into_the_same_mlflow_run(tiny_world, tmp_path):
+    over = {"ppo.steps": 4, "logging.checkpoint_every": 2, "logging.eval_every": 0}
+    _, full = run(tiny_world, tmp_path / "full", **over)
+
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path / "killed", **over))
+
+    def kill_at_3(step, metrics):
+        if step == 3:
+            raise KeyboardInterrupt  # as if the process were interrupted during step 3's bookkeeping
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, on_step=kill_at_3)
+    c = tracking.client(cfg.logging.tracking_uri)
+    killed_id = c.search_runs([c.get_experiment_by_name(cfg.logging.experiment).experiment_id])[0].info.run_id
+    assert c.get_run(killed_id).info.status == "KILLED"
+
+    resumed = train(cfg, resume=True)
+    assert resumed.run_id == killed_id and resumed.status == "FINISHED" and resumed.steps_done == 4
+    assert c.get_run(killed_id).info.status == "FINISHED"
+    # step 3 was logged before the kill and is logged again after resuming from step 2
+    steps = sorted({s for s, _ in tracking.metric_history(cfg.logging.tracking_uri, killed_id, keys.KL)})
+    assert steps == [1, 2, 3, 4]
+    # resuming reproduces the uninterrupted run: weights, optimizers and RNG streams were restored
+    assert resumed.final_metrics[keys.RM_SCORE] == pytest.approx(full.final_metrics[keys.RM_SCORE], abs=1e-5)
+    assert resumed.final_metrics[keys.PG_LOSS] == pytest.approx(full.final_metrics[keys.PG_LOSS], abs=1e-5)
