@@ -67,6 +67,8 @@ class ModelConfig:
     """Pretrained (non-SFT) causal LM, used when policy_init=pretrained (paper Fig. 8)."""
     reward_path: str = "world:reward"
     """Reward model: a sequence-classification model with one scalar head, scored at the last token."""
+    critic_path: str | None = None
+    """Where the critic's weights come from: null = model.reward_path when critic_init=reward, else model.sft_path (any HF name or local dir)."""
     tokenizer_path: str | None = None
     """Tokenizer directory or name; null = the one saved with sft_path."""
     policy_init: Literal["sft", "pretrained"] = "sft"

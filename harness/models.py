@@ -135,7 +135,8 @@ class Models:
         self.reference = freeze(load_causal_lm(sft).to(device))
         self.reward = freeze(load_reward_model(reward).to(device))
         torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
-        self.critic = build_critic(cfg, sft, reward).to(device)
+        critic_src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
+        self.critic = build_critic(cfg, critic_src or sft, critic_src or reward).to(device)
         self.critic.eval()
         if self.policy.config.vocab_size < len(self.tokenizer):
             raise ModelPathError(

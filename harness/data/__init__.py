@@ -1,7 +1,8 @@
 """Prompt sources: the embedded world or an HH-RLHF file, behind one small interface."""
 from __future__ import annotations
 
-import random
+import sys
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,9 +23,7 @@ class PromptSource:
 
 def load_source(cfg: TrainConfig) -> PromptSource:
     if cfg.data.source == "world":
-        from ..models import resolve_path  # noqa: F401  (same error text for a missing world)
         from ..world import load_world
-        from pathlib import Path
 
         if not Path(cfg.data.world_dir).exists():
             raise FileNotFoundError(
@@ -33,14 +32,12 @@ def load_source(cfg: TrainConfig) -> PromptSource:
             )
         w = load_world(cfg.data.world_dir)
         return PromptSource(list(w.train_prompts), list(w.eval_prompts)[: cfg.data.eval_prompts], list(w.sft_pairs), w.gold_reward)
-    from .hh_rlhf import load_hh
+    from .hh_rlhf import load_hh_rlhf
 
-    hh = load_hh(cfg.data.hh_path)
-    prompts = list(hh.prompts)
-    rng = random.Random(cfg.seed)
-    order = list(range(len(prompts)))
-    rng.shuffle(order)
-    n_eval = min(cfg.data.eval_prompts, len(prompts) // 10)
-    eval_prompts = [prompts[i] for i in order[:n_eval]]
-    train_prompts = [prompts[i] for i in order[n_eval:]]
-    return PromptSource(train_prompts, eval_prompts, list(hh.sft_pairs), None)
+    hh = load_hh_rlhf(cfg.data.hh_path)
+    if hh.malformed:
+        # counted and reported, never silently dropped
+        print(f"[harness] {hh.summary(max_listed=5)}", file=sys.stderr)
+    n_eval = min(cfg.data.eval_prompts, len(hh.prompts) // 10)
+    train_prompts, eval_prompts = hh.split_prompts(n_eval, seed=cfg.seed)
+    return PromptSource(train_prompts, eval_prompts, hh.sft_pairs, None)

@@ -1,0 +1,64 @@
+"""The real data path: HH-RLHF prompts and Hugging Face models from local directories."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import keys, tracking
+from harness.config import load_config
+from harness.train import train
+
+HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """A word-level tokenizer trained on HH text, and tiny GPT-2 policy/SFT/RM saved like any HF model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("hf")
+    with gzip.open(HH, "rt") as f:
+        texts = [json.loads(line)["chosen"] for _, line in zip(range(300), f)]
+    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=600, special_tokens=["<pad>", "<eos>", "<unk>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    torch.manual_seed(0)
+    c = GPT2Config(vocab_size=len(tok), n_positions=96, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                   attn_pdrop=0.0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    for name, cls in [("sft", GPT2LMHeadModel), ("rm", GPT2ForSequenceClassification), ("critic", GPT2ForSequenceClassification)]:
+        c.num_labels = 1
+        cls(c).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
+
+
+def test_hh_prompts_with_local_hf_models(hf_dirs, tmp_path):
+    over = {
+        "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48, "data.eval_prompts": 8,
+        "model.sft_path": str(hf_dirs / "sft"), "model.pretrained_path": str(hf_dirs / "sft"),
+        "model.reward_path": str(hf_dirs / "rm"), "model.critic_path": str(hf_dirs / "critic"),
+        "ppo.steps": 2, "ppo.rollout_batch_size": 4, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 1,
+        "generation.max_new_tokens": 8, "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "logging.output_dir": str(tmp_path / "runs"), "logging.eval_every": 2, "logging.progress": False, "threads": 1,
+    }
+    cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
+    res = train(cfg)
+    assert res.status == "FINISHED", res.error
+    r = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id)
+    assert keys.RM_SCORE in r.data.metrics and keys.EVAL_RM in r.data.metrics
+    assert keys.GOLD_SCORE not in r.data.metrics  # HH-RLHF has no hidden gold reward
+    rows = tracking.load_json_artifact(cfg.logging.tracking_uri, res.run_id, "samples/step_000002.json")["rows"]
+    assert rows[0]["prompt"].rstrip().endswith("Assistant:")  # prompts end at the last assistant turn
+
+
+def test_missing_model_dir_fails_before_training_with_the_field_named(tmp_path):
+    cfg = load_config(None, ["data.source=hh_rlhf", f"data.hh_path={HH}", f"model.sft_path={tmp_path}/nope/",
+                             f"logging.tracking_uri=sqlite:///{tmp_path / 'm.db'}", f"logging.output_dir={tmp_path}", "logging.progress=false"])
+    res = train(cfg)
+    assert res.status == "FAILED" and "model.sft_path" in res.error
