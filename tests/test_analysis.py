@@ -1,0 +1,382 @@
+"""analysis/: reading an ablation back from a synthetic MLflow store, figures, claim verdicts.
+
+The store is written directly in the trainer's and ablation runner's formats
+(analysis.synthetic), with a small registry in tmp_path, so these tests need no training.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from analysis import claims as C
+from analysis.figures import draw_ablation, figure_panels, make_figures
+from analysis.figures import main as figures_main
+from analysis.spec import UnknownAblation, known_ablations, load_spec, match_variant, normalize_name
+from analysis.store import find_runs, load_ablation, resolve_spec
+from analysis.synthetic import Curve, write_ablation, write_world_ablation
+from harness import keys as K
+from harness import tracking
+
+ETAS = ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
+
+REGISTRY = {
+    "kl_eta.yaml": """
+name: kl_eta
+figure: "15"
+title: "Fig. 15: KL penalty eta"
+kind: train
+base: bases/vanilla.yaml
+set: {ppo.steps: 20}
+seeds: [0, 1]
+grid:
+  name: "KL penalty η={ppo.kl_coef}"
+  axes: {ppo.kl_coef: [0.05, 0.1, 0.2]}
+panels: [objective/rm_score, response/length_mean, objective/kl, objective/ppl]
+""",
+    "apa.yaml": """
+name: apa
+figure: "apa"
+title: "APA vs PPO vs AWR"
+kind: train
+seeds: [0, 1]
+variants:
+  - name: "PPO"
+    set: {ppo.policy_loss: ppo}
+  - name: "AWR"
+    set: {ppo.policy_loss: awr}
+  - name: "APA"
+    inherit: "PPO"
+    set: {ppo.policy_loss: apa, ppo.apa_lambda: 0.1}
+panels: [objective/rm_score, objective/kl]
+""",
+    "vanilla.yaml": """
+name: vanilla
+figure: "4"
+title: "Fig. 4: vanilla PPO collapses"
+kind: train
+seeds: [0, 1]
+variants:
+  - name: "vanilla PPO"
+panels: [objective/rm_score, eval/win_rate_vs_sft, policy/pg_loss, val/vf_loss, objective/kl, objective/ppl, response/length_mean]
+""",
+    "score_reparam.yaml": """
+name: score_reparam
+figure: "6"
+title: "Fig. 6: score reparameterization"
+kind: train
+seeds: [0, 1, 2]
+variants:
+  - name: "reward scale"
+    set: {reward.scale: true}
+  - name: "reward normalize, δ=0.8"
+    set: {reward.normalize: true, reward.clip: 0.8}
+""",
+    "rm_scores.yaml": """
+name: rm_scores
+figure: "2"
+title: "Fig. 2: RM score difference"
+kind: world
+seeds: [0]
+variants:
+  - name: "reward model"
+  - name: "reward model, 1/4 of the pairs"
+    set: {prefs.train_pairs: 1000}
+panels: [rm_score_diff_hist]
+""",
+    "rm_accuracy.yaml": """
+name: rm_accuracy
+figure: "3"
+title: "Fig. 3: RM accuracy"
+kind: world
+seeds: [0]
+variants:
+  - name: "reward model"
+panels: [rm_accuracy]
+""",
+    "rm_score_dist.yaml": """
+name: rm_score_dist
+figure: "13"
+title: "Fig. 13: RM score distribution"
+kind: train
+seeds: [0]
+variants:
+  - name: "PPO-max"
+panels: [eval_rm_score_hist]
+""",
+    "policy_constraints.yaml": """
+name: policy_constraints
+figure: "7"
+kind: train
+variants:
+  - name: "KL penalty"
+""",
+    "bases/vanilla.yaml": "ppo: {kl_coef: 0.0}\n",
+}
+
+
+def write_registry(root):
+    for rel, text in REGISTRY.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def write_store(uri: str) -> None:
+    """Grids where some claims hold, some fail, some cannot be told apart."""
+    # KL falls with eta: "larger eta keeps KL lower" holds.
+    write_ablation(uri, "kl_eta", "15", {
+        ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002),
+    }, seeds=(0, 1), steps=20)
+    # APA drifts further than PPO: "APA keeps KL lower" fails; AWR has no runs.
+    write_ablation(uri, "apa", "apa", {"PPO": Curve(kl_slope=0.002), "APA": Curve(kl_slope=0.008)},
+                   seeds=(0, 1), steps=20)
+    write_ablation(uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=(0, 1), steps=20,
+                   win_rate=True)
+    # Seeds scatter far more than the variants differ: inconclusive.
+    write_ablation(uri, "score_reparam", "6", {
+        "reward scale": Curve(kl_slope=0.0041, seed_spread=2.0), "reward normalize, δ=0.8": Curve(kl_slope=0.004, seed_spread=2.0),
+    }, seeds=(0, 1, 2), steps=20, gold=False)
+    write_ablation(uri, "rm_score_dist", "13", {"PPO-max": Curve(collapse_at=10)}, seeds=(0,), steps=20,
+                   sample_every=0, eval_every=4)
+    write_world_ablation(uri, "rm_scores", "2", {"reward model": 0.85, "reward model, 1/4 of the pairs": 0.7})
+    write_world_ablation(uri, "rm_accuracy", "3", {"reward model": 0.8})
+
+
+def fast_dir(tmp_path_factory, name: str):
+    """A scratch folder on tmpfs when there is one: sqlite fsyncs every commit (tens of ms on a
+    disk) and writing a store takes hundreds of commits."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        d = Path(tempfile.mkdtemp(prefix=f"harness-{name}-", dir=shm))
+        return d, lambda: shutil.rmtree(d, ignore_errors=True)
+    return tmp_path_factory.mktemp(name), lambda: None
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root, cleanup = fast_dir(tmp_path_factory, "analysis")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    write_store(uri)
+    yield {"uri": uri, "registry": write_registry(root / "ablations"), "root": root}
+    cleanup()
+
+
+def data_of(env, name):
+    return load_ablation(name, env["uri"], env["registry"])
+
+
+def lines_labeled(ax, label):
+    return [ln for ln in ax.get_lines() if ln.get_label() == label]
+
+
+# --------------------------------------------------------------------------------------------
+# Registry view
+# --------------------------------------------------------------------------------------------
+def test_spec_expands_grid_and_inherit(env):
+    kl = load_spec("kl_eta", env["registry"])
+    assert kl.variant_names == ETAS
+    assert kl.variants[1].settings == {"ppo.kl_coef": 0.1}
+    assert kl.common == {"ppo.steps": 20} and kl.figure == "15"
+    apa = load_spec(env["registry"] / "apa.yaml")
+    assert apa.variants[2].settings == {"ppo.policy_loss": "apa", "ppo.apa_lambda": 0.1}
+    assert "bases" not in " ".join(known_ablations(env["registry"]))  # train bases are not ablations
+
+
+def test_unknown_ablation_lists_known_and_suggests_closest(env, capsys):
+    with pytest.raises(UnknownAblation) as e:
+        load_spec("kl_et", env["registry"])
+    assert "did you mean 'kl_eta'" in str(e.value) and "score_reparam" in str(e.value)
+    assert figures_main(["kl_et", "--tracking-uri", env["uri"], "--ablations-dir", str(env["registry"])]) == 2
+    assert "did you mean 'kl_eta'" in capsys.readouterr().err
+
+
+def test_store_only_ablation_gets_spec_from_tags(env):
+    spec = resolve_spec("kl_eta", env["uri"], env["root"] / "no-registry")
+    assert spec.figure == "15" and sorted(spec.variant_names) == sorted(ETAS)
+
+
+def test_variant_names_match_up_to_spelling_never_fuzzily():
+    assert normalize_name("reward normalize, δ=0.8") == normalize_name("Reward normalize delta = 0.8")
+    assert match_variant("reward normalize delta=0.8", ["reward normalize, δ=0.8"]) == "reward normalize, δ=0.8"
+    assert match_variant(("APA", "apa-loss"), ["PPO", "apa"]) == "apa"
+    assert match_variant("reward normalize, δ=0.3", ["reward normalize, δ=0.8"]) is None
+
+
+# --------------------------------------------------------------------------------------------
+# Store
+# --------------------------------------------------------------------------------------------
+def test_runs_metrics_and_samples_from_the_store(env):
+    d = data_of(env, "kl_eta")
+    assert d.variants == ETAS and len(d.runs) == 6
+    assert set(d.runs["seed"]) == {0, 1} and not d.runs["collapsed"].any()
+    assert d.parent_run_id is not None
+    m = d.metrics([K.KL, K.RM_SCORE])
+    assert list(m.columns) == ["run_id", "variant", "seed", "metric", "step", "value"]
+    assert len(m) == 6 * 2 * 20
+    s = d.samples(per_run=2)
+    assert set(s["step"]) == {20} and len(s) == 12
+
+    v = data_of(env, "vanilla")
+    assert v.runs["collapsed"].all() and set(v.runs["collapse_step"]) == {12.0}
+    assert "great great" in v.samples(1)["response"].iloc[0]
+
+
+def test_rerun_keeps_the_finished_run(env):
+    """A second, unfinished run of (variant, seed) does not replace the finished one."""
+    uri = env["uri"]
+    before = find_runs(uri, "apa").set_index(["variant", "seed"])["run_id"]
+    tracking.start_run(uri, "apa", "apa-rerun", tags={
+        K.TAG_ROLE: "train", K.TAG_ABLATION: "apa", K.TAG_VARIANT: "PPO", K.TAG_SEED: "0"})
+    after = find_runs(uri, "apa").set_index(["variant", "seed"])["run_id"]
+    assert after.equals(before)
+    assert len(find_runs(uri, "apa", dedupe=False)) == len(before) + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------
+def test_one_line_per_variant_in_every_metric_panel(env):
+    d = data_of(env, "kl_eta")
+    drawn = draw_ablation(d)
+    # Gold reward follows reward because the runs log it.
+    assert list(drawn.axes) == [K.RM_SCORE, K.GOLD_SCORE, K.LENGTH, K.KL, K.PPL]
+    for panel, ax in drawn.axes.items():
+        for v in ETAS:
+            assert len(lines_labeled(ax, v)) == 1, (panel, v)
+        assert len(ax.collections) == len(ETAS)  # one min-max band per variant
+    legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
+    assert legend[:3] == ETAS and any("min–max" in t for t in legend)
+
+
+def test_collapse_markers_and_fig4_win_rate_axis(env):
+    d = data_of(env, "vanilla")
+    assert K.EVAL_WIN_RATE not in figure_panels(d)  # moved onto the reward panel
+    drawn = draw_ablation(d, smooth_k=3)
+    reward = drawn.axes[K.RM_SCORE]
+    markers = [ln for ln in reward.get_lines() if ln.get_label() == "_collapse"]
+    assert len(markers) == 2 and markers[0].get_xdata()[0] == 12  # one per collapsed seed
+    right = drawn.axes[f"{K.EVAL_WIN_RATE} (right axis)"]
+    assert len(right.get_lines()) == 1 and right.get_ylim() == (0, 1)
+    legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
+    assert "collapse detected" in legend and any("rolling mean over 3" in t for t in legend)
+
+
+def test_special_panels(env):
+    diff = draw_ablation(data_of(env, "rm_scores")).axes["rm_score_diff_hist"]
+    labels = [p.get_label() for p in diff.patches]
+    assert labels.count("reward model") == 1 and labels.count("reward model, 1/4 of the pairs") == 1
+
+    acc = draw_ablation(data_of(env, "rm_accuracy")).axes["rm_accuracy"]
+    assert len(lines_labeled(acc, "train accuracy")) == 1 and len(lines_labeled(acc, "eval accuracy")) == 1
+
+    ridges = draw_ablation(data_of(env, "rm_score_dist")).axes["eval_rm_score_hist:PPO-max"]
+    steps = [ln.get_label() for ln in ridges.get_lines() if ln.get_label().startswith("step ")]
+    assert steps == ["step 4", "step 8", "step 12", "step 16", "step 20"]
+
+
+def test_make_figures_writes_png_pdf_and_logs_to_parent(env, tmp_path):
+    res = make_figures("apa", env["uri"], out=tmp_path, ablations_dir=env["registry"])
+    assert [p.name for p in res.paths] == ["figure.png", "figure.pdf"]
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in res.paths)
+    assert res.paths[0].parent == tmp_path / "apa"
+    logged = {a.path for a in tracking.client(env["uri"]).list_artifacts(res.logged_to, "figures")}
+    assert logged == {"figures/figure.png", "figures/figure.pdf"}
+    # AWR is in the registry but has no runs: drawn variants are the runs'.
+    assert res.data.variants == ["PPO", "APA"] and res.data.missing_variants == ["AWR"]
+
+
+# --------------------------------------------------------------------------------------------
+# Claims
+# --------------------------------------------------------------------------------------------
+def verdicts(env, name):
+    table = C.check_claims(data_of(env, name))
+    assert not table.empty
+    return {r.claim: r for r in table.itertuples()}
+
+
+def test_claims_reproduced_not_reproduced_and_inconclusive(env):
+    kl = verdicts(env, "kl_eta")["A larger KL penalty η keeps KL lower."]
+    assert kl.verdict == C.REPRODUCED and "KL penalty η=0.2" in kl.numbers
+
+    apa = verdicts(env, "apa")
+    lower_kl = apa["APA stays closer to the initial policy (lower KL) than PPO at equal samples."]
+    assert lower_kl.verdict == C.NOT_REPRODUCED and re.search(r"APA: [\d.]+ ± ", lower_kl.numbers)
+    vs_awr = apa["APA reaches a higher RM score than AWR at equal samples."]
+    assert vs_awr.verdict == C.INCONCLUSIVE and "'AWR' has no runs" in vs_awr.reason
+
+    wide = verdicts(env, "score_reparam")["Reward normalization with δ=0.8 keeps KL below reward scaling alone."]
+    assert wide.verdict == C.INCONCLUSIVE and "seed spread too wide" in wide.reason and "pooled sd" in wide.numbers
+
+    vanilla = verdicts(env, "vanilla")
+    assert vanilla["Vanilla PPO collapses."].verdict == C.REPRODUCED
+    assert "2/2 seeds collapsed" in vanilla["Vanilla PPO collapses."].numbers
+    stable = verdicts(env, "score_reparam")["Reward normalization with δ=0.8 keeps training stable (no collapse)."]
+    assert stable.verdict == C.REPRODUCED
+
+
+def test_world_and_distribution_claims(env):
+    assert all(r.verdict == C.REPRODUCED for r in verdicts(env, "rm_scores").values())
+    acc = verdicts(env, "rm_accuracy")["The RM's held-out accuracy beats chance."]
+    assert acc.verdict == C.REPRODUCED and "one seed" in acc.reason
+    dist = verdicts(env, "rm_score_dist")
+    assert {r.verdict for r in dist.values()} == {C.REPRODUCED}
+    assert "step 4" in next(iter(dist.values())).numbers
+
+
+def test_no_runs_is_inconclusive(env):
+    d = load_ablation("policy_constraints", env["uri"], env["registry"])
+    assert d.runs.empty and d.missing_variants == ["KL penalty"]
+    table = C.check_claims(d)
+    assert set(table["verdict"]) == {C.INCONCLUSIVE} and set(table["reason"]) == {"no runs in the store"}
+
+
+def test_claim_table_covers_every_figure():
+    assert set(C.CLAIMS) == set(C.FIGURE_OF)
+    assert sorted(C.FIGURE_OF.values(), key=str) == sorted(
+        ["2", "3", "4", "6", "7", "8", "9", "13", "14", "15", "16", "17", "18", "19", "apa"], key=str)
+    for name, claims in C.CLAIMS.items():
+        assert claims, name
+        for claim in claims:
+            assert claim.text.endswith(".") and claim.rule.describe()
+
+
+def _selectors(rule):
+    for attr in ("lower", "higher", "variant"):
+        sel = getattr(rule, attr, None)
+        if sel is not None:
+            yield sel
+
+
+def test_claims_name_variants_the_repo_registry_has():
+    """The claim table and ablations/*.yaml are written by different people: a renamed variant
+    must fail here rather than turn its claim silently inconclusive."""
+    registry = known_ablations()
+    checked = 0
+    for name, claims in C.CLAIMS.items():
+        if name not in registry:
+            continue
+        names = load_spec(registry[name]).variant_names
+        for claim in claims:
+            for sel in _selectors(claim.rule):
+                assert match_variant(sel, names) is not None, (name, sel, names)
+                checked += 1
+            if isinstance(claim.rule, C.Trend):
+                assert sum(bool(re.search(claim.rule.number, v)) for v in names) >= 2, (name, names)
+    if not registry:
+        pytest.skip("the repo's ablations/ registry is empty")
+    assert checked
+
+
+@pytest.mark.parametrize("module", ["analysis.figures", "analysis.claims", "analysis.synthetic", "reports.build"])
+def test_every_command_has_help(module, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(["--help"])
+    assert e.value.code == 0 and "usage: python -m " + module in capsys.readouterr().out

@@ -1,0 +1,133 @@
+"""reports/build.py: PDFs from a synthetic store, read back with pypdf."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pandas as pd
+import pytest
+from pypdf import PdfReader
+
+from analysis.synthetic import Curve, write_ablation, write_world_ablation
+from reports.build import COMBINED, build
+from reports.build import main as build_main
+from test_analysis import ETAS, fast_dir, write_registry
+
+SWEEP_YAML = """
+name: sweep_x
+kind: sweep
+title: "Sweep: delta_r x eta"
+search_space:
+  reward.clip: {low: 0.1, high: 10.0, log: true}
+  ppo.kl_coef: {low: 0.001, high: 0.5, log: true}
+"""
+
+
+def fake_sweep_module(png) -> types.ModuleType:
+    """Stands in for analysis.sweep_plots (owned by the sweep engineer) with its contract."""
+    mod = types.ModuleType("analysis.sweep_plots")
+
+    def sweep_summary(sweep_yaml_path, tracking_uri, storage_url=None):
+        cols = {"trial": [0, 1, 2], "value": [0.51, 0.72, 0.33], "state": ["COMPLETE"] * 3}
+        cols.update({f"param_{i}": [0.1 * i] * 3 for i in range(9)})  # wider than one table
+        return {"figures": [str(png)], "table": pd.DataFrame(cols),
+                "best": {"number": 1, "value": 0.72, "params": {"reward.clip": 0.8, "ppo.kl_coef": 0.05}}}
+
+    mod.sweep_summary = sweep_summary
+    return mod
+
+
+def pdf_text(path) -> tuple[int, str]:
+    """Page count and the text with whitespace collapsed (table cells wrap sentences)."""
+    reader = PdfReader(str(path))
+    return len(reader.pages), " ".join(" ".join(page.extract_text() for page in reader.pages).split())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root, cleanup = fast_dir(tmp_path_factory, "reports")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    write_ablation(uri, "kl_eta", "15", {
+        ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002),
+    }, seeds=(0, 1), steps=20)
+    write_ablation(uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=(0, 1), steps=20, win_rate=True)
+    write_world_ablation(uri, "rm_scores", "2", {"reward model": 0.85, "reward model, 1/4 of the pairs": 0.7})
+    registry = write_registry(root / "ablations")
+    (registry / "sweep_x.yaml").write_text(SWEEP_YAML)
+
+    from matplotlib.figure import Figure
+
+    png = root / "sweep.png"
+    fig = Figure(figsize=(4, 3))
+    fig.add_subplot().plot([0, 1], [0, 1])
+    fig.savefig(png)
+
+    out = root / "reports"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "analysis.sweep_plots", fake_sweep_module(png))
+        res = build(["kl_eta", "vanilla", "rm_scores", "sweep_x"], uri, out, ablations_dir=registry)
+    yield {"res": res, "out": out, "uri": uri, "registry": registry}
+    cleanup()
+
+
+def test_one_pdf_per_ablation_and_a_combined_one(built):
+    res, out = built["res"], built["out"]
+    assert res.errors == {}
+    assert set(res.reports) == {"kl_eta", "vanilla", "rm_scores", "sweep_x"}
+    for name, path in res.reports.items():
+        assert path == out / name / "report.pdf" and path.is_file()
+    assert res.combined == out / COMBINED
+    assert (out / "kl_eta" / "figure.png").is_file() and (out / "kl_eta" / "figure.pdf").is_file()
+
+
+def test_ablation_report_holds_every_section(built):
+    pages, text = pdf_text(built["res"].reports["kl_eta"])
+    assert pages >= 3  # title page + the section (figure and tables do not fit one page)
+    for heading in ("git commit", "machine", "torch", "Grid: what each variant changes", "Figure",
+                    "Final and peak metrics", "Claims", "Sample responses (last sampled step)"):
+        assert heading in text, heading
+    for variant in ETAS:  # Greek letters survive (embedded DejaVu font)
+        assert variant in text, variant
+    assert "ppo.kl_coef = 0.05" in text
+    assert "A larger KL penalty η keeps KL lower." in text and "reproduced" in text
+
+
+def test_collapsed_samples_show_it_and_long_text_wraps(built):
+    _, text = pdf_text(built["res"].reports["vanilla"])
+    assert "COLLAPSED at step 12" in text
+    assert "Vanilla PPO collapses." in text and "2/2 seeds collapsed" in text
+    assert "more characters]" in text  # the run-on response is clipped with a note, not cut off
+
+
+def test_world_report_has_no_samples_section(built):
+    _, text = pdf_text(built["res"].reports["rm_scores"])
+    assert "reward model, 1/4 of the pairs" in text and "final RM eval acc" in text
+    assert "Sample responses" not in text
+
+
+def test_sweep_section_from_sweep_plots(built):
+    _, text = pdf_text(built["res"].reports["sweep_x"])
+    assert "Best trial" in text and "Trials (3 of 3 shown)" in text
+    assert "param_0" in text and "param_8" in text  # wide trial tables are split, not cut
+
+
+def test_combined_report_has_all_sections_in_paper_order(built):
+    pages, text = pdf_text(built["res"].combined)
+    per_ablation = sum(pdf_text(p)[0] - 1 for p in built["res"].reports.values())  # minus their title pages
+    assert pages == per_ablation + 1
+    order = [text.index(t) for t in ("Fig. 2: RM score difference", "Fig. 4: vanilla PPO collapses",
+                                     "Fig. 15: KL penalty eta", "Sweep: delta_r x eta")]
+    assert order == sorted(order) and "Contents" in text
+
+
+def test_sweep_section_skipped_with_a_note_without_sweep_plots(built, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "analysis.sweep_plots", None)  # import fails as if missing
+    res = build(["sweep_x"], built["uri"], tmp_path, ablations_dir=built["registry"])
+    _, text = pdf_text(res.reports["sweep_x"])
+    assert "sweep section is skipped" in text
+
+
+def test_unknown_ablation_exits_2_with_suggestion(built, tmp_path, capsys):
+    code = build_main(["kl_etaa", "--tracking-uri", built["uri"], "--out", str(tmp_path),
+                       "--ablations-dir", str(built["registry"])])
+    assert code == 2 and "did you mean 'kl_eta'" in capsys.readouterr().err
