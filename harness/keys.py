@@ -110,6 +110,10 @@ TAG_ABLATION = "harness.ablation"
 TAG_FIGURE = "harness.figure"
 TAG_VARIANT = "harness.variant"
 TAG_TRIAL = "harness.trial"
+TAG_SWEEP = "harness.sweep"
+TAG_TRIAL_STATE = "harness.trial_state"
+TAG_TRIAL_OUTCOME = "harness.trial_outcome"
+SWEEP_OBJECTIVE = "sweep/objective"  # a trial run's objective value (logged once per seed run)
 
 # -- artifacts -----------------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"  # the resolved config
