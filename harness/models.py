@@ -93,26 +93,26 @@ def load_tokenizer(cfg: TrainConfig):
     return tok
 
 
-def load_causal_lm(path: str) -> nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
-def load_reward_model(path: str) -> ScalarHeadModel:
-    rm = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+def load_reward_model(path: str, dtype: torch.dtype = torch.float32) -> ScalarHeadModel:
+    rm = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
     head = rm.score if hasattr(rm, "score") else rm.classifier
     if head.out_features != 1:
         raise ModelPathError(f"model.reward_path: {path!r} has {head.out_features} labels; a reward model needs exactly 1")
     return ScalarHeadModel(base_of(rm), head)
 
 
-def build_critic(cfg: TrainConfig, sft_path: str, reward_path: str) -> ScalarHeadModel:
+def build_critic(cfg: TrainConfig, sft_path: str, reward_path: str, dtype: torch.dtype = torch.float32) -> ScalarHeadModel:
     """Critic initialization (trick 8): from the reward model, the SFT trunk, or random."""
     mode = cfg.model.critic_init
     if mode == "reward":
-        rm = load_reward_model(reward_path)
+        rm = load_reward_model(reward_path, dtype)
         return ScalarHeadModel(copy.deepcopy(rm.trunk), copy.deepcopy(rm.head))
     if mode == "sft":
-        trunk = base_of(load_causal_lm(sft_path))
+        trunk = base_of(load_causal_lm(sft_path, dtype))
     else:  # random: same architecture, fresh weights
         trunk = AutoModel.from_config(AutoConfig.from_pretrained(sft_path))
     hidden = trunk.config.hidden_size
@@ -130,13 +130,15 @@ class Models:
         reward = resolve_path(cfg.model.reward_path, cfg, "model.reward_path")
         policy_src = sft if cfg.model.policy_init == "sft" else resolve_path(cfg.model.pretrained_path, cfg, "model.pretrained_path")
         self.tokenizer = load_tokenizer(cfg)
-        self.policy = load_causal_lm(policy_src).to(device)
+        # DeepSpeed bf16/fp16 runs load weights in that precision (a 7B model in fp32 would not fit)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.distributed.precision, torch.float32) if cfg.distributed.deepspeed else torch.float32
+        self.policy = load_causal_lm(policy_src, dtype).to(device)
         self.policy.eval()  # dropout off: ratios must be 1 on the first minibatch
-        self.reference = freeze(load_causal_lm(sft).to(device))
-        self.reward = freeze(load_reward_model(reward).to(device))
+        self.reference = freeze(load_causal_lm(sft, dtype).to(device))
+        self.reward = freeze(load_reward_model(reward, dtype).to(device))
         torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
         critic_src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
-        self.critic = build_critic(cfg, critic_src or sft, critic_src or reward).to(device)
+        self.critic = build_critic(cfg, critic_src or sft, critic_src or reward, dtype).to(device)
         self.critic.eval()
         if self.policy.config.vocab_size < len(self.tokenizer):
             raise ModelPathError(

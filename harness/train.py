@@ -76,6 +76,13 @@ def load_checkpoint(run_dir: Path) -> dict | None:
 # ------------------------------------------------------------------ the run
 def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = None) -> RunResult:
     """Run PPO (or APA/AWR) to `cfg.ppo.steps`; see docs/CONTRACTS.md. Never raises on divergence."""
+    from . import distributed
+
+    # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
+    # joins the process group when started by torchrun / deepspeed. Ranks > 0 train without MLflow.
+    env = distributed.setup(cfg)
+    if not env.is_main:
+        return distributed.run_worker(cfg, env, resume=resume)
     log = cfg.logging
     run_name = log.run_name or default_run_name(cfg)
     run_dir = Path(log.output_dir) / run_name
@@ -98,6 +105,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
         tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
         tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
     info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0}
+    distributed.share_run(env, run_id, state is not None)
     _write_json_atomic(run_dir / "run.json", info)
 
     result = RunResult(run_id=run_id, status="RUNNING", steps_done=0, run_dir=str(run_dir))
@@ -133,17 +141,17 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
 def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None, on_step: OnStep | None,
                 result: RunResult, info: dict) -> None:
     from .data import load_source
+    from . import distributed
     from .models import Models
-    from .trainer import PPOTrainer
 
     log, uri = cfg.logging, cfg.logging.tracking_uri
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    device = pick_device(cfg)
+    device = distributed.local_device(pick_device(cfg))
     source = load_source(cfg)
     models = Models(cfg, device)
-    trainer = PPOTrainer(cfg, models, source, device)
+    trainer = distributed.make_trainer(cfg, models, source, device)  # PPOTrainer unless distributed
     detector = CollapseDetector(cfg.collapse)
     logger = tracking.MetricLogger(uri, run_id)
     start_step = 0
@@ -201,6 +209,7 @@ def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None
                 bar.set_postfix(post, refresh=False)
                 bar.update(1)
             stop_cb = on_step(step, metrics) if on_step is not None else False
+            stop_cb = distributed.agree_stop(stop_cb, run_dir)  # rank 0 decides (or a STOP file); all ranks follow
             if log.checkpoint_every and step % log.checkpoint_every == 0 and step < cfg.ppo.steps:
                 checkpoint(step)
             if stop_cb:
@@ -258,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config key, e.g. --set ppo.kl_coef=0.1 (repeatable)")
     ap.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint into the same MLflow run")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     return ap
 
 
@@ -271,7 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(to_yaml(cfg))
         return 0
-    result = train(cfg, resume=args.resume)
+    from . import distributed
+
+    try:
+        result = train(cfg, resume=args.resume)
+        is_main = distributed.ENV.is_main
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        distributed.teardown()
+    if not is_main:  # rank 0 prints the summary of the job
+        return 0 if result.status == "FINISHED" else 1
     summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
     print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,
                       "collapsed": result.collapsed, "collapse_step": result.collapse_step, "error": result.error,

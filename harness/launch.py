@@ -1,0 +1,219 @@
+"""Run one training as a multi-rank job and wait for it: the hook the ablation runner and sweeps use.
+
+    from harness.launch import launch_train
+    result = launch_train(cfg, nproc=2)                     # a TrainConfig
+    result = launch_train("ablations/bases/paper_7b_deepspeed.yaml", ["ppo.steps=10"], nproc=8)
+
+It writes the resolved config next to the run (`{output_dir}/{run_name}/launch_config.yaml`),
+starts `torchrun --standalone --nproc_per_node N -m harness.train that.yaml` (or the `deepspeed`
+launcher), and returns the same `RunResult` that `harness.train.train` returns, read back from the
+run's `run.json` and its MLflow run (rank 0 logs one run; other ranks log nothing).
+
+`on_step(step, metrics)` works across the process boundary: while the job runs, the metrics named
+in `watch` are polled from MLflow and passed to it step by step; when it returns True a STOP file
+in the run folder asks the job to stop after its current step (status FINISHED, tag
+`harness.stopped_by=callback`, exactly like an in-process callback). Steps may reach the callback
+a few seconds late, so the job can run on a step or two past the one the callback stopped.
+
+Hook for the ablation runner and sweeps (one line where a run is trained):
+
+    res = launch_train(cfg, nproc=n, resume=resume, on_step=on_step, watch=(metric,)) if n > 1 else train(cfg, resume=resume, on_step=on_step)
+
+`watch` names the metrics on_step needs (a sweep's objective metric; default objective/rm_score).
+Each job picks its own free port (torchrun --standalone), so several can share a machine.
+
+CLI (prints the RunResult as JSON):
+    python -m harness.launch --nproc 2 CONFIG.yaml [--set k=v ...] [--resume] [--launcher deepspeed]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import keys
+from .config import ConfigError, TrainConfig, load_config, parse_overrides, to_yaml
+
+STOP_FILE = "STOP"  # = harness.distributed.STOP_FILE (not imported: this module must stay light)
+
+
+def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False, launcher: str = "torchrun",
+                   nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500,
+                   program: Sequence[str] | None = None) -> list[str]:
+    """The command line that starts the job on this machine (one call per machine when nnodes > 1)."""
+    prog = list(program) if program else ["-m", "harness.train"]
+    tail = [str(config_path)] + (["--resume"] if resume else [])
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+        if nnodes == 1:
+            cmd += ["--standalone"]  # picks a free port: several jobs can share a machine
+        else:
+            cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}", f"--master_port={master_port}"]
+        return cmd + prog + tail
+    if launcher == "deepspeed":
+        beside = Path(sys.executable).with_name("deepspeed")  # the launcher of this environment
+        ds = str(beside) if beside.exists() else (shutil.which("deepspeed") or "deepspeed")
+        cmd = [ds, f"--num_gpus={nproc}", f"--master_port={master_port}"]
+        if nnodes > 1:
+            cmd += [f"--num_nodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}"]
+        if prog[:1] == ["-m"]:
+            return cmd + ["--module", prog[1]] + prog[2:] + tail
+        return cmd + prog + tail
+    raise ValueError(f"launcher: got {launcher!r}; allowed: 'torchrun' or 'deepspeed'")
+
+
+def _resolve(cfg: TrainConfig | str | Path | None, overrides: list[str] | dict | None) -> TrainConfig:
+    if isinstance(cfg, TrainConfig):
+        if overrides:
+            from .config import from_dict, merge, to_dict
+
+            over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
+            return from_dict(merge(to_dict(cfg), over))
+        return cfg
+    return load_config(cfg, overrides)
+
+
+def launch_train(
+    cfg: TrainConfig | str | Path | None = None,
+    overrides: list[str] | dict | None = None,
+    *,
+    nproc: int,
+    resume: bool = False,
+    on_step: Callable[[int, dict[str, float]], bool] | None = None,
+    watch: Sequence[str] = (keys.RM_SCORE,),
+    poll_s: float = 2.0,
+    launcher: str = "torchrun",
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    program: Sequence[str] | None = None,
+):
+    """Train `cfg` (a TrainConfig, or a YAML path plus overrides) on `nproc` local ranks; returns a
+    `harness.train.RunResult`. Raises ConfigError for a config that does not validate (checked here,
+    before the job starts); a job that fails later returns status FAILED with the reason."""
+    from .train import RunResult, default_run_name
+
+    c = _resolve(cfg, overrides)
+    run_name = c.logging.run_name or default_run_name(c)
+    c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=run_name))
+    run_dir = Path(c.logging.output_dir) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_file = run_dir / "launch_config.yaml"
+    cfg_file.write_text(to_yaml(c))
+    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    run_json = run_dir / "run.json"
+    before = run_json.stat().st_mtime_ns if run_json.exists() else None
+
+    child_env = {**os.environ, **(env or {})}
+    if "OMP_NUM_THREADS" not in child_env:
+        child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    cmd = launch_command(cfg_file, nproc, resume=resume, launcher=launcher, program=program)
+    log_path = run_dir / "launch.log"
+    t0 = time.time()
+    with open(log_path, "ab") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+        seen, stopped, killed = 0, False, False
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if timeout_s is not None and time.time() - t0 > timeout_s:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    killed = True
+                    rc = proc.wait()
+                    break
+                if on_step is not None and not stopped:
+                    seen, stopped = _feed(c, run_json, before, watch, seen, on_step, run_dir)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            raise
+    if on_step is not None and not stopped:
+        _feed(c, run_json, before, watch, seen, on_step, run_dir)
+    fresh = run_json.exists() and run_json.stat().st_mtime_ns != before
+    if not fresh:
+        tail = log_path.read_text(errors="replace")[-3000:]
+        if rc == 2 and "invalid config" in tail:
+            raise ConfigError([tail[tail.index("invalid config"):].strip()])
+        return RunResult(run_id="", status="KILLED" if killed else "FAILED", steps_done=0,
+                         error=f"job exited with code {rc} before starting a run; see {log_path}:\n{tail}", run_dir=str(run_dir))
+    info = json.loads(run_json.read_text())
+    res = RunResult(run_id=info["run_id"], status=info.get("status", "FAILED"), steps_done=int(info.get("step", 0)),
+                    error=info.get("error"), run_dir=str(run_dir))
+    if res.status == "RUNNING":  # the job died without rank 0 closing the run (killed, or another rank failed)
+        res.status = "KILLED" if killed else "FAILED"
+        res.error = res.error or f"job exited with code {rc}; see {log_path}"
+        try:
+            from . import tracking
+
+            tracking.set_tags(c.logging.tracking_uri, res.run_id, {keys.TAG_FAILURE: res.error[:4000]})
+            tracking.end_run(c.logging.tracking_uri, res.run_id, res.status)
+        except Exception:
+            pass
+    try:
+        from . import tracking
+
+        run = tracking.client(c.logging.tracking_uri).get_run(res.run_id)
+        res.final_metrics = dict(run.data.metrics)
+        res.collapsed = run.data.tags.get(keys.TAG_COLLAPSED) == "true"
+        if keys.COLLAPSE_STEP in run.data.metrics:
+            res.collapse_step = int(run.data.metrics[keys.COLLAPSE_STEP])
+    except Exception:
+        pass
+    return res
+
+
+def _feed(c: TrainConfig, run_json: Path, before: int | None, watch: Sequence[str], seen: int,
+          on_step: Callable[[int, dict[str, float]], bool], run_dir: Path) -> tuple[int, bool]:
+    """Pass steps after `seen` (all `watch` keys logged) to on_step; STOP file when it says stop."""
+    if not run_json.exists() or run_json.stat().st_mtime_ns == before:
+        return seen, False
+    try:
+        from . import tracking
+
+        run_id = json.loads(run_json.read_text())["run_id"]
+        hist: dict[int, dict[str, float]] = {}
+        for k in watch:
+            for step, v in tracking.metric_history(c.logging.tracking_uri, run_id, k):
+                hist.setdefault(step, {})[k] = v
+    except Exception:
+        return seen, False
+    for step in sorted(s for s, m in hist.items() if s > seen and len(m) == len(watch)):
+        seen = step
+        if on_step(step, hist[step]):
+            (run_dir / STOP_FILE).touch()
+            return seen, True
+    return seen, False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.launch", description="Run one training as a multi-rank job (torchrun or deepspeed) and wait for it.")
+    ap.add_argument("config", nargs="?")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--nproc", type=int, required=True, help="ranks on this machine (GPUs, or CPU processes)")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun")
+    args = ap.parse_args(argv)
+    try:
+        res = launch_train(args.config, args.overrides, nproc=args.nproc, resume=args.resume, launcher=args.launcher)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(dataclasses.asdict(res), indent=1, default=str))
+    return 0 if res.status == "FINISHED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
