@@ -88,7 +88,7 @@ class DataConfig:
     hh_path: str = ""
     """HH-RLHF jsonl or jsonl.gz file (`chosen`/`rejected` dialogues), used when source=hh_rlhf."""
     max_prompt_tokens: Annotated[int, PosInt] = 64
-    """Prompts longer than this keep their last tokens (the end of a dialogue matters most)."""
+    """Prompts longer than this keep their last tokens (the end of a dialogue matters most); they are cut further if prompt + generation.max_new_tokens would not fit the policy's context."""
     eval_prompts: Annotated[int, NonNeg] = 64
     """Held-out prompts scored at eval steps (gold reward, win rate vs SFT, RM score histogram)."""
 

@@ -107,7 +107,9 @@ def value_loss(
     v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     clipped = (v_clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(unclipped, clipped), mask)
-    clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    # fraction of values the clip actually moved (comparing the two losses instead would count
+    # rounding ties as clipped on the first minibatch, where V == V_old)
+    clipfrac = masked_mean(((values - old_values).abs() > clip).float(), mask)
     return loss, clipfrac.detach()
 
 
