@@ -24,6 +24,7 @@ class Rollout:
     response_mask: torch.Tensor  # [B, R] 1 up to and including EOS
     sample_logprobs: torch.Tensor  # [B, R] log pi(token) during sampling (temperature applied)
     ended: torch.Tensor  # [B] bool, response ended with EOS
+    sample_entropy: torch.Tensor | None = None  # [B, R] policy entropy at each sampling step (when asked for)
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -87,38 +88,60 @@ def sample(
     top_p: float = 1.0,
     stop_at_eos: bool = True,
     generator: torch.Generator | None = None,
+    with_entropy: bool = False,
+    fast: bool | None = None,
 ) -> Rollout:
-    """Autoregressive sampling with the model's KV cache, one token per row per forward."""
+    """Autoregressive sampling with a KV cache, one token per row per forward.
+
+    GPT-2 models run through `StaticGPT2Decoder` (the same weights and formulas, preallocated
+    key/value buffers, no per-token cache or mask objects); other models through their own
+    forward with the model's KV cache. `fast=False` forces the model's own forward.
+    `with_entropy` also returns the policy entropy at each step (as `entropy_from_logits` of the
+    temperature-scaled logits), so the teacher-forced policy pass can be skipped when the old
+    log-probs come from sampling.
+    """
     B = prompt_ids.shape[0]
     device = prompt_ids.device
-    cache_arg = _cache_arg(type(model))
     pos = position_ids(prompt_mask)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True)
-    past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
+    use_fast = StaticGPT2Decoder.supports(model) if fast is None else (fast and StaticGPT2Decoder.supports(model))
+    if use_fast:
+        dec = StaticGPT2Decoder(model, prompt_mask, max_new_tokens)
+        logits = dec.prefill(prompt_ids, pos)
+    else:
+        cache_arg = _cache_arg(type(model))
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True, **_keep_last(model))
+        past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
+        attn = prompt_mask
     next_pos = pos[:, -1] + 1
-    attn = prompt_mask
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    tokens, logps = [], []
+    pad_col = torch.full((B,), pad_id, dtype=torch.long, device=device)
+    tokens, logps, ents = [], [], []
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
         probs = torch.softmax(filter_logits(scaled, top_k, top_p), -1)
         tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+        if stop_at_eos:
+            tok = torch.where(finished, pad_col, tok)
         tokens.append(tok)
         logps.append(logp_all.gather(1, tok[:, None]).squeeze(1))
+        if with_entropy:
+            ents.append(-(logp_all.exp() * logp_all).sum(-1))
         if stop_at_eos:
             finished = finished | (tok == eos_id)
             if bool(finished.all()):
                 break
         if t == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], 1)
-        out = model(
-            input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-            use_cache=True, **{cache_arg: past},
-        )
-        past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
+        if use_fast:
+            logits = dec.step(tok, next_pos)
+        else:
+            attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], 1)
+            out = model(
+                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                use_cache=True, **{cache_arg: past},
+            )
+            past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
         next_pos = next_pos + 1
     response = torch.stack(tokens, 1)
     is_eos = (response == eos_id) if stop_at_eos else torch.zeros_like(response, dtype=torch.bool)
@@ -127,23 +150,140 @@ def sample(
     mask = (~eos_before).long()
     ended = is_eos.any(1)
     sample_logprobs = torch.stack(logps, 1) * mask
+    entropy = torch.stack(ents, 1) * mask if with_entropy else None
     response = torch.where(mask.bool(), response, torch.full_like(response, pad_id))
-    return Rollout(prompt_ids, prompt_mask, response, mask, sample_logprobs, ended)
+    return Rollout(prompt_ids, prompt_mask, response, mask, sample_logprobs, ended, entropy)
+
+
+class StaticGPT2Decoder:
+    """Incremental GPT-2 forward for sampling, written against the model's own modules.
+
+    Same formulas as transformers' GPT2Model/GPT2LMHeadModel in eval mode (token + position
+    embeddings, pre-LN blocks of Conv1D attention and MLP, final LN, tied LM head), but with
+    key/value buffers allocated once for prompt + max_new_tokens, attention masks built once, and
+    the LM head applied only at the position being sampled. This removes the per-token cost of
+    cache objects (a torch.cat per layer per token), mask construction and output containers, which
+    dominates sampling for small models. Results equal the model's forward up to float round-off
+    (checked in tests/test_fixed_seed_step.py).
+    """
+
+    def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int):
+        tr = model.transformer
+        cfg = model.config
+        self.model, self.tr = model, tr
+        self.E, self.H = cfg.n_embd, cfg.n_head
+        self.D = self.E // self.H
+        B, P = prompt_mask.shape
+        self.B, self.P = B, P
+        L = P + max_new_tokens
+        self.k: list[torch.Tensor | None] = [None] * len(tr.h)
+        self.v: list[torch.Tensor | None] = [None] * len(tr.h)
+        self.L = L
+        # keys a query may attend to: real prompt tokens and everything generated (as the model's
+        # own path does: generated positions are never masked); each query also sees itself, so a
+        # left-pad query row is never empty (its output is unused, but must not be NaN)
+        self.key_ok = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(B, max_new_tokens, dtype=torch.bool)], 1)
+        self.t = 0  # positions filled so far
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        cfg = getattr(model, "config", None)
+        if type(model).__name__ != "GPT2LMHeadModel" or cfg is None or model.training:
+            return False
+        if getattr(cfg, "add_cross_attention", False) or getattr(cfg, "reorder_and_upcast_attn", False):
+            return False
+        blk = model.transformer.h[0]
+        return hasattr(blk.attn, "scaling") and hasattr(blk.attn, "c_attn") and hasattr(blk.mlp, "act")
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run new tokens ids [B, T] at positions pos [B, T] through the blocks; returns the last
+        position's final hidden state [B, E]. mask: [B, 1, T, t+T] bool (True = attend)."""
+        tr, E, H, D = self.tr, self.E, self.H, self.D
+        B, T = ids.shape
+        t0, t1 = self.t, self.t + T
+        x = tr.wte(ids) + tr.wpe(pos)
+        for i, blk in enumerate(tr.h):
+            a = blk.attn
+            h = blk.ln_1(x)
+            qkv = a.c_attn(h)
+            q, k, v = qkv.split(E, dim=2)
+            q = q.view(B, T, H, D).transpose(1, 2)
+            k = k.view(B, T, H, D).transpose(1, 2)
+            v = v.view(B, T, H, D).transpose(1, 2)
+            if self.k[i] is None:
+                self.k[i] = k.new_empty(B, H, self.L, D)
+                self.v[i] = v.new_empty(B, H, self.L, D)
+            kc, vc = self.k[i], self.v[i]
+            kc[:, :, t0:t1] = k
+            vc[:, :, t0:t1] = v
+            o = F.scaled_dot_product_attention(q, kc[:, :, :t1], vc[:, :, :t1], attn_mask=mask, scale=a.scaling)
+            o = o.transpose(1, 2).reshape(B, T, E)
+            x = x + a.c_proj(o)
+            h = blk.ln_2(x)
+            x = x + blk.mlp.c_proj(blk.mlp.act(blk.mlp.c_fc(h)))
+        self.t = t1
+        return tr.ln_f(x[:, -1])
+
+    def prefill(self, prompt_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        P = self.P
+        causal = torch.ones(P, P, dtype=torch.bool, device=prompt_ids.device).tril()
+        mask = (causal[None] & self.key_ok[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=prompt_ids.device)[None]
+        h = self._forward(prompt_ids, pos, mask[:, None])
+        return self.model.lm_head(h)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        mask = self.key_ok[:, None, None, : self.t + 1]
+        h = self._forward(tok[:, None], pos[:, None], mask)
+        return self.model.lm_head(h)
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts_logits_to_keep(model_cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
+
+
+def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
+    """`logits_to_keep=n` where the model supports it (the LM head then runs on the last n positions only)."""
+    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(model)) else {}
 
 
 def response_logits(model: torch.nn.Module, seq: torch.Tensor, attn: torch.Tensor, P: int, temperature: float) -> torch.Tensor:
-    """Logits that predict each response token: positions P-1 .. end-1, divided by temperature."""
-    out = model(input_ids=seq, attention_mask=attn, position_ids=position_ids(attn), use_cache=False)
-    return out.logits[:, P - 1 : -1, :].float() / temperature
+    """Logits that predict each response token: positions P-1 .. end-1, divided by temperature.
+
+    The LM head runs only on those positions (and the last one, dropped) where the model takes
+    `logits_to_keep`; the prompt positions' logits are never needed.
+    """
+    R = seq.shape[1] - P
+    out = model(input_ids=seq, attention_mask=attn, position_ids=position_ids(attn), use_cache=False, **_keep_last(model, R + 1))
+    return out.logits[:, -(R + 1) : -1, :].float() / temperature
 
 
 def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
 
 
-def logprobs_and_entropy(model, seq, attn, P, tokens, temperature) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `tokens` and (unless with_entropy=False: None) the full-vocab entropy per position."""
     logits = response_logits(model, seq, attn, P, temperature)
-    return logprobs_of(logits, tokens), entropy_from_logits(logits)
+    return logprobs_of(logits, tokens), (entropy_from_logits(logits) if with_entropy else None)
+
+
+def fuse_activations(model: torch.nn.Module) -> int:
+    """Swap transformers' `NewGELUActivation` (GPT-2's gelu_new: five elementwise ops forward and
+    more backward) for the fused `F.gelu(approximate="tanh")` kernel: the same function, computed
+    in one pass (transformers ships it as `GELUTanh`; it differs by float round-off only).
+    Returns how many modules were swapped; parameters and state dicts are untouched."""
+    try:
+        from transformers.activations import GELUTanh, NewGELUActivation
+    except ImportError:  # older transformers
+        return 0
+    n = 0
+    for mod in model.modules():
+        for name, child in list(mod.named_children()):
+            if type(child) is NewGELUActivation:
+                setattr(mod, name, GELUTanh())
+                n += 1
+    return n
 
 
 def critic_values(critic, seq: torch.Tensor, attn: torch.Tensor, P: int) -> torch.Tensor:
