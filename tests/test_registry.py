@@ -1,0 +1,187 @@
+"""The ablation registry: every file expands and validates; grids are the paper's; typos fail early.
+
+No training here (milliseconds per test); end-to-end runs are in tests/test_ablate.py.
+"""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import ablate
+from harness.config import TrainConfig
+from harness.registry import ABLATIONS_DIR, RegistryError, load_registry, registry_files, slug
+
+FILES = registry_files()
+FIGURE_FILES = {
+    "2": "rm_scores", "3": "rm_accuracy", "4": "vanilla", "6": "score_reparam", "7": "policy_constraints",
+    "8": "ppo_max", "9": "ppo_max_long", "13": "rm_score_dist", "14": "adv_value_clip", "15": "kl_eta",
+    "16": "entropy", "17": "value_clip", "18": "grad_clip", "19": "gae_lambda", "apa": "apa",
+}
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_every_figure_has_its_registry_file():
+    by_figure = {}
+    for p in FILES:
+        data = yaml.safe_load(p.read_text())
+        by_figure[str(data["figure"])] = p.stem
+    assert by_figure == FIGURE_FILES
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_every_registry_file_passes_dry_run(path, capsys):
+    assert ablate.main([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "all configs valid" in out
+    reg = load_registry(path)
+    assert reg.name == path.stem
+    assert reg.runs and len(reg.runs) == len(reg.variants) * len(reg.seeds)
+    if "paper" in reg.profiles:  # the GPU scale validates too
+        assert ablate.main([str(path), "--dry-run", "--scale", "paper"]) == 0
+        paper = load_registry(path, scale="paper")
+        assert all(r.cfg.generation.max_new_tokens == 512 and r.cfg.data.source == "hh_rlhf" for r in paper.runs)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_variant_names_match_what_analysis_reads(path):
+    # The variant name is the join key between the runner's tags and the figures' legends.
+    from analysis.spec import load_spec
+
+    assert load_spec(path).variant_names == [v.name for v in load_registry(path).variants]
+
+
+def test_score_reparam_is_exactly_the_papers_five_variants():
+    reg = load_registry(ABLATIONS_DIR / "score_reparam.yaml")
+    assert [v.name for v in reg.variants] == [
+        "reward scale", "reward normalize, δ=0.3", "reward normalize, δ=0.8",
+        "advantage normalize, δ=0.5", "advantage normalize, δ=0.12",
+    ]
+    cfg = {r.variant: r.cfg for r in reg.runs if r.seed == reg.seeds[0]}
+    assert cfg["reward scale"].reward.scale and not cfg["reward scale"].reward.normalize
+    assert cfg["reward normalize, δ=0.3"].reward.normalize and cfg["reward normalize, δ=0.3"].reward.clip == 0.3
+    assert cfg["reward normalize, δ=0.8"].reward.clip == 0.8  # inherit + override
+    assert cfg["advantage normalize, δ=0.12"].ppo.adv_normalize and cfg["advantage normalize, δ=0.12"].ppo.adv_clip == 0.12
+    # everything else is vanilla PPO
+    for c in cfg.values():
+        assert c.ppo.kl_coef == 0 and c.ppo.value_clip is None and c.ppo.max_grad_norm == 0
+    assert len({r.config_hash for r in reg.runs}) == len(reg.runs)
+
+
+def test_bases_say_what_vanilla_and_ppo_max_mean():
+    van = load_registry(ABLATIONS_DIR / "vanilla.yaml").runs[0].cfg
+    assert (van.ppo.kl_coef, van.reward.normalize, van.reward.clip, van.ppo.adv_normalize, van.ppo.value_clip,
+            van.ppo.max_grad_norm, van.model.critic_init) == (0.0, False, None, False, None, 0.0, "reward")
+    mx = load_registry(ABLATIONS_DIR / "ppo_max.yaml").runs[0].cfg
+    assert (mx.reward.normalize, mx.reward.clip, mx.ppo.kl_coef, mx.model.critic_init, mx.ppo.max_grad_norm,
+            mx.ppo.value_clip, mx.ppo.adv_normalize) == (True, 0.8, 0.05, "reward", 1.0, 0.2, True)
+    assert mx.ppo.critic_pretrain_steps > 0
+
+
+def test_grid_axes_expand_with_legend_names():
+    reg = load_registry(ABLATIONS_DIR / "kl_eta.yaml")
+    assert [v.name for v in reg.variants] == ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
+    assert sorted({r.cfg.ppo.kl_coef for r in reg.runs}) == [0.05, 0.1, 0.2]
+
+
+def test_typo_in_grid_axis_names_the_closest_key(tmp_path):
+    p = write(tmp_path, "typo", """
+name: typo
+figure: "15"
+base: bases/vanilla.yaml
+grid: {name: "η={ppo.kl_cof}", axes: {ppo.kl_cof: [0.05, 0.1]}}
+""")
+    with pytest.raises(RegistryError) as e:
+        load_registry(p)
+    assert "grid.axes: ppo.kl_cof: unknown config key; did you mean 'ppo.kl_coef'?" in str(e.value)
+
+
+def test_unknown_keys_everywhere_are_reported_together(tmp_path):
+    p = write(tmp_path, "bad", """
+name: bad
+figure: "6"
+base: bases/vanilla.yaml
+set: {ppo: {stepz: 3}}
+seedz: [0]
+variants:
+  - name: a
+    sett: {ppo.kl_coef: 0.1}
+  - name: b
+    inherit: c
+    set: {kl_coef: 0.1}
+panels: [objective/rm_scor]
+profiles:
+  paper: {sets: {}}
+""")
+    with pytest.raises(RegistryError) as e:
+        load_registry(p)
+    msg = str(e.value)
+    for expected in ["seedz: unknown key; did you mean 'seeds'?", "set: ppo.stepz: unknown config key; did you mean 'ppo.steps'?",
+                     "variants[0].sett: unknown key; did you mean 'set'?", "inherit 'c'",
+                     "kl_coef: unknown config key; did you mean 'ppo.kl_coef'?", "did you mean 'objective/rm_score'?",
+                     "profiles.paper.sets: unknown key; did you mean 'set'?"]:
+        assert expected in msg, (expected, msg)
+
+
+def test_bad_values_are_caught_per_variant(tmp_path):
+    p = write(tmp_path, "vals", """
+name: vals
+figure: "6"
+base: bases/vanilla.yaml
+variants:
+  - {name: ok}
+  - {name: neg clip, set: {reward.clip: -1}}
+""")
+    with pytest.raises(RegistryError) as e:
+        load_registry(p)
+    assert "variant 'neg clip' seed 0: reward.clip: got -1" in str(e.value)
+
+
+def test_name_must_equal_file_stem(tmp_path):
+    p = write(tmp_path, "stem", "name: other\nfigure: '6'\nbase: bases/vanilla.yaml\nvariants: [a]\n")
+    with pytest.raises(RegistryError, match="must equal the file stem 'stem'"):
+        load_registry(p)
+
+
+def test_cli_overrides_seeds_scale_and_variant_filter():
+    path = ABLATIONS_DIR / "score_reparam.yaml"
+    reg = load_registry(path, seeds=[5, 6], overrides={"ppo.steps": 7}, only=["reward scale"])
+    assert [(r.variant, r.seed, r.cfg.ppo.steps) for r in reg.runs] == [("reward scale", 5, 7), ("reward scale", 6, 7)]
+    assert all(isinstance(r.cfg, TrainConfig) and r.cfg.seed == r.seed for r in reg.runs)
+    with pytest.raises(RegistryError, match="available scales: world, paper"):
+        load_registry(path, scale="papr")
+    with pytest.raises(RegistryError, match="did you mean 'reward scale'"):
+        load_registry(path, only=["reward scal"])
+    reg = load_registry(path, overrides={"reward.clip": 0.5})
+    assert any("variants differ in" in w for w in reg.warnings)
+
+
+def test_run_names_are_deterministic_folder_names():
+    assert slug("reward normalize, δ=0.3") == "reward-normalize-delta=0.3"
+    reg = load_registry(ABLATIONS_DIR / "score_reparam.yaml")
+    names = [r.run_name for r in reg.runs]
+    assert len(set(names)) == len(names) and all("/" not in n and " " not in n for n in names)
+    assert names == [r.run_name for r in load_registry(ABLATIONS_DIR / "score_reparam.yaml").runs]
+
+
+def test_cli_typo_exits_2_with_the_closest_key(capsys):
+    assert ablate.main([str(ABLATIONS_DIR / "score_reparam.yaml"), "--dry-run", "--set", "ppo.kl_cof=1"]) == 2
+    assert "did you mean 'ppo.kl_coef'" in capsys.readouterr().err
+
+
+def test_list_shows_every_file_with_an_estimate(capsys):
+    assert ablate.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for p in FILES:
+        assert p.name in out
+    assert "est. CPU min" in out
+
+
+def test_score_reparam_default_budget_fits_ten_minutes_on_two_cores():
+    # The main job's promise (README): Fig. 6 in <= 15 min wall on 2 cores, aiming for 10.
+    reg = load_registry(ABLATIONS_DIR / "score_reparam.yaml")
+    assert ablate.estimate_cpu_minutes(reg) / 2 <= 12
