@@ -1,0 +1,161 @@
+"""Anthropic HH-RLHF loader: jsonl or jsonl.gz lines of {"chosen": dialogue, "rejected": dialogue}.
+
+A dialogue is a run of "\\n\\nHuman: ..." and "\\n\\nAssistant: ..." turns; chosen and rejected share
+everything up to the last assistant turn. From each line:
+
+  prompt   = the dialogue up to and including the last "\\n\\nAssistant:" marker,
+  chosen   = the rest of the chosen dialogue (the chosen last reply, leading space kept, so
+             prompt + chosen is the original dialogue exactly),
+  rejected = the rest of the rejected dialogue.
+
+Malformed lines (not UTF-8, bad JSON, not an object, missing or non-string keys, no assistant
+turn, chosen and rejected prompts that differ) are never silently dropped: each is returned with
+its 1-based line number and reason, and `summary()` reports them.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator
+
+ASSISTANT = "\n\nAssistant:"
+HUMAN = "\n\nHuman:"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True)
+class HHExample:
+    """One well-formed line."""
+
+    line: int
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """One line that could not be used, and why."""
+
+    line: int
+    reason: str
+
+
+@dataclass
+class HHData:
+    """Everything read from one file: the usable examples and the lines that were not."""
+
+    path: str
+    lines: int
+    examples: list[HHExample] = field(default_factory=list)
+    malformed: list[Malformed] = field(default_factory=list)
+
+    @property
+    def prompts(self) -> list[str]:
+        """Distinct prompts in file order."""
+        return list(dict.fromkeys(e.prompt for e in self.examples))
+
+    @property
+    def sft_pairs(self) -> list[tuple[str, str]]:
+        """(prompt, chosen reply) SFT targets."""
+        return [(e.prompt, e.chosen) for e in self.examples]
+
+    @property
+    def preference_pairs(self) -> list[tuple[str, str, str]]:
+        """(prompt, chosen reply, rejected reply)."""
+        return [(e.prompt, e.chosen, e.rejected) for e in self.examples]
+
+    def split_prompts(self, n_eval: int, seed: int = 0) -> tuple[list[str], list[str]]:
+        """(train, eval) distinct prompts; `n_eval` drawn with `seed`, so no eval prompt is trained on."""
+        prompts = self.prompts
+        if not 0 <= n_eval < len(prompts):
+            raise ValueError(f"n_eval: got {n_eval}; allowed: 0 <= n_eval < {len(prompts)} (distinct prompts in {self.path})")
+        held = set(random.Random(seed).sample(range(len(prompts)), n_eval))
+        return [p for i, p in enumerate(prompts) if i not in held], [p for i, p in enumerate(prompts) if i in held]
+
+    def summary(self, max_listed: int = 20) -> str:
+        """Counts, then each malformed line with its number and reason (the first `max_listed`)."""
+        out = [f"{self.path}: {self.lines} lines, {len(self.examples)} usable, {len(self.malformed)} malformed"]
+        for m in self.malformed[:max_listed]:
+            out.append(f"  line {m.line}: {m.reason}")
+        if len(self.malformed) > max_listed:
+            out.append(f"  ... and {len(self.malformed) - max_listed} more")
+        return "\n".join(out)
+
+
+def split_dialogue(dialogue: str) -> tuple[str, str] | None:
+    """(prompt through the last assistant marker, reply after it), or None with no assistant turn."""
+    i = dialogue.rfind(ASSISTANT)
+    if i < 0:
+        return None
+    cut = i + len(ASSISTANT)
+    return dialogue[:cut], dialogue[cut:]
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
+    """Parse one line of the file (1-based `line` for error reports)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Malformed(line, f"not valid UTF-8 ({e.reason} at byte {e.start})")
+    if not text.strip():
+        return Malformed(line, "empty line")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return Malformed(line, f"not valid JSON ({e.msg} at column {e.colno})")
+    if not isinstance(obj, dict):
+        return Malformed(line, f"not a JSON object (got {type(obj).__name__})")
+    for key in ("chosen", "rejected"):
+        if key not in obj:
+            return Malformed(line, f"missing key {key!r} (keys: {sorted(obj)})")
+        if not isinstance(obj[key], str):
+            return Malformed(line, f"{key!r} is not a string (got {type(obj[key]).__name__})")
+    chosen = split_dialogue(obj["chosen"])
+    rejected = split_dialogue(obj["rejected"])
+    if chosen is None:
+        return Malformed(line, "no '\\n\\nAssistant:' turn in 'chosen'")
+    if rejected is None:
+        return Malformed(line, "no '\\n\\nAssistant:' turn in 'rejected'")
+    if chosen[0] != rejected[0]:
+        at = _first_difference(chosen[0], rejected[0])
+        return Malformed(line, f"chosen and rejected prompts differ (first difference at character {at})")
+    return HHExample(line, chosen[0], chosen[1], rejected[1])
+
+
+def _open(path: Path) -> IO[bytes]:
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == _GZIP_MAGIC  # trust the bytes, not the file name
+    return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    with _open(path) as fh:
+        for raw in fh:
+            yield raw.rstrip(b"\r\n")
+
+
+def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
+    """Read an HH-RLHF jsonl / jsonl.gz file; `limit` stops after that many lines."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
+    data = HHData(path=str(p), lines=0)
+    for n, raw in enumerate(_lines(p), start=1):
+        if limit is not None and n > limit:
+            break
+        data.lines = n
+        item = parse_line(raw, n)
+        (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore[arg-type]
+    return data
+
+
+__all__ = ["HHExample", "Malformed", "HHData", "load_hh_rlhf", "parse_line", "split_dialogue", "ASSISTANT", "HUMAN"]

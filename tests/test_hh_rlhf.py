@@ -1,0 +1,91 @@
+"""HH-RLHF loader: parses the shared test split and reports malformed lines by number."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.data.hh_rlhf import ASSISTANT, load_hh_rlhf
+
+SHARED = Path("/work/shared/data/hh-rlhf/harmless-base-test.jsonl.gz")
+needs_shared = pytest.mark.skipif(not SHARED.is_file(), reason=f"{SHARED} not present")
+
+
+@needs_shared
+def test_shared_file_parses_into_prompts_replies_and_pairs():
+    data = load_hh_rlhf(SHARED)
+    assert data.lines == 2312
+    assert len(data.examples) + len(data.malformed) == data.lines  # nothing dropped silently
+    # Five lines of this split really do have chosen/rejected dialogues that part before the
+    # last assistant turn; they must be reported, with their line numbers.
+    assert [m.line for m in data.malformed] == [1255, 1689, 1951, 1953, 2037]
+    assert all("prompts differ" in m.reason for m in data.malformed)
+
+    with gzip.open(SHARED, "rt", encoding="utf-8") as fh:
+        first = json.loads(fh.readline())
+    ex = data.examples[0]
+    assert ex.line == 1
+    assert ex.prompt.endswith(ASSISTANT) and ex.prompt.startswith("\n\nHuman:")
+    assert ex.prompt + ex.chosen == first["chosen"]  # prompt + reply rebuilds the dialogue exactly
+    assert ex.prompt + ex.rejected == first["rejected"]
+    assert ASSISTANT not in ex.chosen  # the reply is the LAST assistant turn only
+    assert data.sft_pairs[0] == (ex.prompt, ex.chosen)
+    assert data.preference_pairs[0] == (ex.prompt, ex.chosen, ex.rejected)
+    assert all(p.endswith(ASSISTANT) for p in data.prompts)
+
+    train, evals = data.split_prompts(100, seed=1)
+    assert len(evals) == 100 and not set(train) & set(evals)
+    assert len(train) + len(evals) == len(data.prompts)
+    assert data.split_prompts(100, seed=1) == (train, evals)
+    assert "2312 lines, 2307 usable, 5 malformed" in data.summary()
+    assert "line 1255:" in data.summary()
+
+
+def _dialogue(human: str, reply: str) -> str:
+    return f"\n\nHuman: {human}{ASSISTANT} {reply}"
+
+
+def _write(path: Path, lines: list[str], gz: bool) -> Path:
+    blob = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(gzip.compress(blob) if gz else blob)
+    return path
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_malformed_lines_are_reported_with_line_numbers(tmp_path, gz):
+    good = json.dumps({"chosen": _dialogue("hi", "hello!"), "rejected": _dialogue("hi", "go away")})
+    lines = [
+        good,                                                                      # 1 ok
+        '{"chosen": "unterminated',                                                # 2 bad JSON
+        json.dumps({"chosen": _dialogue("hi", "x")}),                              # 3 missing rejected
+        json.dumps({"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hi"}),      # 4 no assistant turn
+        json.dumps({"chosen": _dialogue("hi", "a"), "rejected": _dialogue("yo", "b")}),  # 5 prompts differ
+        json.dumps(["chosen", "rejected"]),                                        # 6 not an object
+        "",                                                                        # 7 empty
+        json.dumps({"chosen": 3, "rejected": _dialogue("hi", "b")}),               # 8 not a string
+        good,                                                                      # 9 ok
+    ]
+    # The file name says .jsonl even when gzipped: the loader must sniff the bytes.
+    data = load_hh_rlhf(_write(tmp_path / "hh.jsonl", lines, gz))
+    assert data.lines == 9
+    assert [e.line for e in data.examples] == [1, 9]
+    assert data.examples[0].chosen == " hello!" and data.examples[0].rejected == " go away"
+    reasons = {m.line: m.reason for m in data.malformed}
+    assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 8]
+    assert "not valid JSON" in reasons[2]
+    assert "missing key 'rejected'" in reasons[3]
+    assert "no '\\n\\nAssistant:' turn" in reasons[4]
+    assert "prompts differ" in reasons[5]
+    assert "not a JSON object" in reasons[6]
+    assert "empty line" in reasons[7]
+    assert "'chosen' is not a string" in reasons[8]
+    text = data.summary()
+    assert "9 lines, 2 usable, 7 malformed" in text
+    assert "line 2: not valid JSON" in text and "line 5: chosen and rejected prompts differ" in text
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_hh_rlhf(tmp_path / "nope.jsonl")
