@@ -5,6 +5,7 @@ MLflow's sqlite store costs ~5 ms per call, so the trainer never logs metric by 
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -24,7 +25,30 @@ _MAX_PARAMS_PER_BATCH = 100
 _MAX_PARAM_LEN = 6000
 
 
+_READY: set[str] = set()
+
+
+def _init_sqlite_store(tracking_uri: str) -> None:
+    """Create/migrate a sqlite store under a file lock, once per process.
+
+    Two processes opening a brand-new sqlite store at once (parallel workers, two runs started
+    together) race in MLflow's schema migration and one of them dies; the lock serializes that.
+    """
+    if tracking_uri in _READY or not tracking_uri.startswith("sqlite:///"):
+        return
+    db = Path(tracking_uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(db) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _READY.add(tracking_uri)
+
+
 def client(tracking_uri: str) -> MlflowClient:
+    _init_sqlite_store(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 
 
