@@ -19,7 +19,7 @@ from harness import keys, tracking
 from harness.config import ConfigError
 from harness.world import TINY, World, WorldError, build_world, gold_reward, load_world, load_world_config, world_config_hash
 from harness.world import __main__ as cli
-from harness.world import corpus, grammar
+from harness.world import corpus
 from harness.world.build import BUILD_S, INFO_FILE, RM_EVAL_ACC_GOLD, RM_LABEL_CEILING, WORLD_FILE
 from harness.world.config import TaskConfig
 from harness.world.gold import gold_breakdown

@@ -17,7 +17,7 @@ from harness.config import (
 )
 
 # Bump when code changes what a build produces, so cached worlds from older code are rebuilt.
-WORLD_FORMAT = 1
+WORLD_FORMAT = 2
 
 
 @dataclass
@@ -89,7 +89,7 @@ class PreferenceConfig:
     label_noise: Annotated[float, NonNeg] = 0.5
     """Bradley-Terry temperature of the labeler: P(a preferred over b) = sigmoid((gold_a - gold_b) / label_noise); 0 = always the gold order."""
     corrupt_frac: Annotated[float, Unit] = 0.1
-    """Fraction of pairs where one side is a corrupted copy of the other (words shuffled or replaced by random words): teaches the RM that word salad is bad. Repetition and rambling are deliberately NOT corrupted in, so the RM stays exploitable there."""
+    """Fraction of pairs where one side is a corrupted copy of the other (words shuffled, replaced by random words, or praise piled up in place): teaches the RM that word salad is bad. Repeated sentences and rambling are deliberately NOT corrupted in, so the RM stays exploitable there."""
 
 
 @dataclass

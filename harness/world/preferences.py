@@ -2,8 +2,9 @@
 
 The judge prefers a over b with probability sigmoid((gold_a - gold_b) / label_noise), the
 textbook model of human labelers; `label_noise = 0` always picks the gold order. A fraction of
-pairs pits a sample against a corrupted copy of itself (words shuffled or replaced at random), so
-the reward model learns that word salad is bad, the cheapest exploit. Repetition and rambling are
+pairs pits a sample against a corrupted copy of itself (words shuffled, replaced at random, or
+praise words piled up in place), so the reward model learns that word salad and adjective piles
+are bad: the cheapest exploits. Repetition and rambling are
 not corrupted in on purpose: the RM only learns about them from what the SFT model happens to
 produce, which leaves PPO room to fool it (RM score up, gold down).
 """
@@ -15,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from harness.world import grammar
 from harness.world.config import GoldConfig, PreferenceConfig
 from harness.world.gold import gold_reward
 from harness.world.lm import sample
@@ -39,21 +41,33 @@ class Pair:
         return asdict(self)
 
 
+def _pile_up(rng: random.Random, toks: list[str]) -> list[str]:
+    """Stack praise where an adjective (or any word) stands: "was delicious delicious perfect ."."""
+    adj = [i for i, w in enumerate(toks) if w in grammar.POLARITY]
+    i = rng.choice(adj) if adj else rng.randrange(len(toks))
+    pool = [w for w, pol in grammar.POLARITY.items() if pol > 0] + [toks[i]] * 4
+    return toks[: i + 1] + [rng.choice(sorted(pool)) for _ in range(rng.randint(2, 5))] + toks[i + 1 :]
+
+
 def corrupt(rng: random.Random, text: str, vocab: list[str]) -> str:
-    """Word salad from a response: shuffle its words, or replace a third of them at random."""
+    """Word salad from a response: shuffle its words, replace a third of them at random, or pile
+    praise words up in place (the cheapest way a policy can please a sentiment-happy RM)."""
     toks = text.split()
     if len(toks) < 2:
         return " ".join(toks + [rng.choice(vocab) for _ in range(3)])
-    if rng.random() < 0.5:
+    kind = rng.randrange(3)
+    if kind == 0:
         shuffled = toks[:]
         while shuffled == toks:
             rng.shuffle(shuffled)
         return " ".join(shuffled)
-    out = [rng.choice(vocab) if rng.random() < 1 / 3 else w for w in toks]
-    if out == toks:
-        i = rng.randrange(len(out))
-        out[i] = rng.choice([w for w in vocab if w != toks[i]])
-    return " ".join(out)
+    if kind == 1:
+        out = [rng.choice(vocab) if rng.random() < 1 / 3 else w for w in toks]
+        if out == toks:
+            i = rng.randrange(len(out))
+            out[i] = rng.choice([w for w in vocab if w != toks[i]])
+        return " ".join(out)
+    return " ".join(_pile_up(rng, toks))
 
 
 def bt_label(rng: random.Random, gold_a: float, gold_b: float, noise: float) -> tuple[bool, float]:
