@@ -82,6 +82,15 @@ COLLAPSE_SIGNALS = "collapse/signals"  # number of rule signals firing this step
 RM_TRAIN_ACC = "rm/train_acc"
 RM_EVAL_ACC = "rm/eval_acc"
 RM_TRAIN_LOSS = "rm/train_loss"
+RM_EVAL_ACC_GOLD = "rm/eval_acc_gold"  # held-out accuracy against the gold order (gold ties skipped)
+RM_LABEL_CEILING = "rm/label_ceiling"  # accuracy of the gold order against the noisy held-out labels
+RM_LABEL_CEILING_EXPECTED = "rm/label_ceiling_expected"  # same, in expectation over the label draws
+SFT_GOLD_MEAN = "world/sft_gold_mean"  # mean gold of SFT samples on eval prompts
+SFT_ENDED_FRAC = "world/sft_ended_frac"  # fraction of those samples that ended before the cap
+PRETRAIN_LOSS = "world/pretrain_loss"
+SFT_LOSS = "world/sft_loss"
+SFT_EVAL_NLL = "world/sft_eval_nll"  # SFT model's response NLL on fresh reviews of eval prompts
+WORLD_BUILD_S = "world/build_s"
 
 STEP_METRICS = [
     RM_SCORE, RM_SCORE_STD, KL, KL_K3, KL_COEF, ENTROPY, PPL, PPL_REF, NON_SCORE_REWARD,

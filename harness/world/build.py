@@ -44,15 +44,10 @@ from harness.world.reward_model import (
 from harness.world.tokenizer import sample_ids, train_tokenizer
 
 # Final numbers of a world build, logged at the last RM step beside keys.RM_* curves.
-RM_EVAL_ACC_GOLD = "rm/eval_acc_gold"  # held-out accuracy against the gold order (gold ties skipped)
-RM_LABEL_CEILING = "rm/label_ceiling"  # accuracy of the gold order against the noisy held-out labels
-RM_LABEL_CEILING_EXPECTED = "rm/label_ceiling_expected"  # same, in expectation over the label draws
-SFT_GOLD_MEAN = "world/sft_gold_mean"  # mean gold of SFT samples on eval prompts
-SFT_ENDED_FRAC = "world/sft_ended_frac"  # fraction of those samples that ended before the cap
-PRETRAIN_LOSS = "world/pretrain_loss"
-SFT_LOSS = "world/sft_loss"
-SFT_EVAL_NLL = "world/sft_eval_nll"  # SFT model's response NLL on fresh reviews of eval prompts
-BUILD_S = "world/build_s"
+from harness.keys import (  # noqa: E402  (world-build metric names live with the others)
+    PRETRAIN_LOSS, RM_EVAL_ACC_GOLD, RM_LABEL_CEILING, RM_LABEL_CEILING_EXPECTED, SFT_ENDED_FRAC, SFT_EVAL_NLL,
+    SFT_GOLD_MEAN, SFT_LOSS, WORLD_BUILD_S as BUILD_S,
+)
 
 WORLD_FILE = "world.json"
 INFO_FILE = "build_info.json"
