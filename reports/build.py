@@ -521,7 +521,8 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     reports = {}
     for s in sections:
         reports[s.spec.name] = write_pdf(out / s.spec.name / "report.pdf", [s], info, st, f"harness report · {s.spec.name}")
-    combined = write_pdf(out / COMBINED, sections, info, st, "harness report") if sections else None
+    # one named ablation must not replace the combined report of everything with itself alone
+    combined = write_pdf(out / COMBINED, sections, info, st, "harness report") if sections and (not ablations or len(sections) > 1) else None
     return BuildResult(reports, combined, errors)
 
 

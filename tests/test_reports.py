@@ -131,3 +131,10 @@ def test_unknown_ablation_exits_2_with_suggestion(built, tmp_path, capsys):
     code = build_main(["kl_etaa", "--tracking-uri", built["uri"], "--out", str(tmp_path),
                        "--ablations-dir", str(built["registry"])])
     assert code == 2 and "did you mean 'kl_eta'" in capsys.readouterr().err
+
+
+def test_one_named_ablation_leaves_the_combined_report_alone(built, tmp_path):
+    # the main job builds one ablation's report; it must not overwrite the combined report with it
+    res = build(["vanilla"], built["uri"], tmp_path, ablations_dir=built["registry"], log_figures=False)
+    assert set(res.reports) == {"vanilla"} and res.combined is None
+    assert not (tmp_path / COMBINED).exists()
