@@ -322,7 +322,7 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
             handles += [Line2D([], [], color=colors[v], lw=2, label=v) for v in data.variants]
     n_seeds = int(data.runs.groupby("variant").size().max()) if not data.runs.empty else 0
     if metric_panels and n_seeds > 1:
-        handles.append(Patch(color="0.5", alpha=0.3, label=f"{BAND} (mean line, {n_seeds} seeds)"))
+        handles.append(Patch(color="0.5", alpha=0.3, label=f"{BAND} ({n_seeds}); line: mean"))
     if metric_panels and data.runs["collapsed"].any():
         handles.append(Line2D([], [], ls="none", marker="X", ms=7, color="0.5", mec="black", mew=0.6,
                               label="collapse detected"))

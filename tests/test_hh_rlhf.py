@@ -9,7 +9,8 @@ import pytest
 
 from harness.data.hh_rlhf import ASSISTANT, load_hh_rlhf
 
-SHARED = Path("/work/shared/data/hh-rlhf/harmless-base-test.jsonl.gz")
+# the shared data folder lies beside the checkout (../shared), in CI too
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 needs_shared = pytest.mark.skipif(not SHARED.is_file(), reason=f"{SHARED} not present")
 
 
