@@ -992,18 +992,33 @@ def run_trials(spec: SweepSpec, storage_url: str, tracking_uri: str, parent_run_
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = open_study(spec, storage_url, seed_offset=seed_offset + worker)
     objective = TrialObjective(spec, parent_run_id, tracking_uri, threads=threads, worker=worker, progress=progress)
+    from optuna.trial import TrialState
+
     done = 0
     while True:
         with slots.get_lock():
             if slots.value <= 0:
                 break
             slots.value -= 1
-        counts = trial_counts(study)  # other machines sharing the storage
-        if counts["counted"] + counts["running"] >= spec.trials:
-            print(f"[sweep {spec.name}] worker {worker}: study already holds {counts['counted']} finished + {counts['running']} running trials of {spec.trials}; stopping")
-            break
+            counts = trial_counts(study)  # other machines sharing the storage
+            if counts["counted"] + counts["running"] >= spec.trials:
+                print(f"[sweep {spec.name}] worker {worker}: study already holds {counts['counted']} finished + {counts['running']} running trials of {spec.trials}; stopping")
+                break
+            # Ask under the workers' lock: Optuna pops an enqueued (WAITING) trial with SELECT ... FOR
+            # UPDATE, which sqlite ignores, so two workers could otherwise both run the same first trial.
+            trial = study.ask()
         try:
-            study.optimize(objective, n_trials=1, catch=(Exception,))
+            try:
+                value = objective(trial)
+            except optuna.TrialPruned:
+                study.tell(trial, state=TrialState.PRUNED)
+            except Exception:  # recorded (and printed) by the objective; the study goes on
+                study.tell(trial, state=TrialState.FAIL)
+            else:
+                if value is None or not math.isfinite(value):
+                    study.tell(trial, state=TrialState.FAIL)
+                else:
+                    study.tell(trial, value)
         except optuna.exceptions.UpdateFinishedTrialError as e:  # failed as stale by another process
             print(f"[sweep {spec.name}] worker {worker}: {e}")
         done += 1

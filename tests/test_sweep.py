@@ -195,11 +195,14 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
 
 @pytest.mark.slow
 def test_two_workers_finish_every_trial_once(tmp_path, tiny_world):
-    path = write_sweep(tmp_path, tiny_world, "par_sweep", trials=4)
+    # enqueued first trials: on sqlite both workers could pop the same one (the real sweep did)
+    extra = "first_trials:\n  - {reward.clip: 0.8, ppo.kl_coef: 0.05}\n  - {reward.clip: 0.3, ppo.kl_coef: 0.1}\n"
+    path = write_sweep(tmp_path, tiny_world, "par_sweep", trials=4, extra=extra)
     assert sweep.main(cli(tmp_path, path, "--workers", "2")) == 0
     trials = load_study(tmp_path, "par_sweep").get_trials()
     assert sorted(t.number for t in trials) == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert sorted(t.params["reward.clip"] for t in trials[:2]) == [0.3, 0.8]  # each enqueued point ran once
     assert {t.user_attrs["worker"] for t in trials} == {0, 1}  # both processes took trials
     runs = child_runs(tmp_path, "par_sweep")
     assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in runs) == [0, 1, 2, 3]  # none lost or duplicated
