@@ -992,6 +992,7 @@ def run_trials(spec: SweepSpec, storage_url: str, tracking_uri: str, parent_run_
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = open_study(spec, storage_url, seed_offset=seed_offset + worker)
     objective = TrialObjective(spec, parent_run_id, tracking_uri, threads=threads, worker=worker, progress=progress)
+    from optuna.storages._heartbeat import get_heartbeat_thread
     from optuna.trial import TrialState
 
     done = 0
@@ -1006,10 +1007,14 @@ def run_trials(spec: SweepSpec, storage_url: str, tracking_uri: str, parent_run_
                 break
             # Ask under the workers' lock: Optuna pops an enqueued (WAITING) trial with SELECT ... FOR
             # UPDATE, which sqlite ignores, so two workers could otherwise both run the same first trial.
-            trial = study.ask()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")  # we beat below
+                trial = study.ask()
         try:
             try:
-                value = objective(trial)
+                # the heartbeat Study.optimize would keep: a killed worker's trial is failed as stale later
+                with get_heartbeat_thread(trial._trial_id, study._storage):
+                    value = objective(trial)
             except optuna.TrialPruned:
                 study.tell(trial, state=TrialState.PRUNED)
             except Exception:  # recorded (and printed) by the objective; the study goes on
