@@ -52,8 +52,7 @@ import torch
 
 from . import keys
 from .algorithms import (
-    POLICY_LOSSES, compute_gae, entropy_term, kl_per_token, masked_mean, masked_whiten, process_scores,
-    token_rewards, value_loss,
+    POLICY_LOSSES, entropy_term, masked_mean, masked_whiten, value_loss,
 )
 from .config import ConfigError, TrainConfig
 from .rollout import Rollout, _cache_arg, critic_values, filter_logits, lm_loss, logprobs_and_entropy, position_ids
@@ -808,11 +807,7 @@ class DistributedPPOTrainer(PPOTrainer):
         prompts, responses = self.decode(ro)
         mask = ro.response_mask.float()
         t2 = time.perf_counter()
-        processed = process_scores(scores, self.reward_stats, scale=cfg.reward.scale, normalize=cfg.reward.normalize, clip=cfg.reward.clip)
-        kl = (logprobs - ref_logprobs) * mask
-        kl_pen = kl_per_token(logprobs, ref_logprobs, p.kl_estimator) * mask
-        rewards, non_score = token_rewards(processed, kl_pen, mask, self.kl_ctl.value)
-        advantages, returns = compute_gae(rewards, values, mask, p.gamma, p.gae_lambda)
+        processed, kl, rewards, non_score, advantages, returns = self.advantages(scores, logprobs, ref_logprobs, values, mask)
         t3 = time.perf_counter()
         timers[keys.TIME_ROLLOUT] = t1 - t0
         timers[keys.TIME_SCORE] = t2 - t1

@@ -159,6 +159,16 @@ class PPOTrainer:
             gold = torch.tensor(self.source.gold(prompts, responses, ro.ended.tolist()), dtype=torch.float32)
         return scores, gold, prompts, responses
 
+    def advantages(self, scores, logprobs, ref_logprobs, values, mask):
+        """Scores -> processed scores -> per-token rewards (KL penalty) -> GAE advantages and returns."""
+        cfg, p = self.cfg, self.cfg.ppo
+        processed = process_scores(scores, self.reward_stats, scale=cfg.reward.scale, normalize=cfg.reward.normalize, clip=cfg.reward.clip)
+        kl = (logprobs - ref_logprobs) * mask
+        kl_pen = kl_per_token(logprobs, ref_logprobs, p.kl_estimator) * mask
+        rewards, non_score = token_rewards(processed, kl_pen, mask, self.kl_ctl.value)
+        advantages, returns = compute_gae(rewards, values, mask, p.gamma, p.gae_lambda)
+        return processed, kl, rewards, non_score, advantages, returns
+
     @torch.no_grad()
     def make_batch(self, timers: dict[str, float]) -> Batch:
         cfg, p = self.cfg, self.cfg.ppo
@@ -190,11 +200,7 @@ class PPOTrainer:
         values = values * mask
         scores, gold, prompts, responses = self.score(ro)
         t2 = time.perf_counter()
-        processed = process_scores(scores, self.reward_stats, scale=cfg.reward.scale, normalize=cfg.reward.normalize, clip=cfg.reward.clip)
-        kl = (logprobs - ref_logprobs) * mask
-        kl_pen = kl_per_token(logprobs, ref_logprobs, p.kl_estimator) * mask
-        rewards, non_score = token_rewards(processed, kl_pen, mask, self.kl_ctl.value)
-        advantages, returns = compute_gae(rewards, values, mask, p.gamma, p.gae_lambda)
+        processed, kl, rewards, non_score, advantages, returns = self.advantages(scores, logprobs, ref_logprobs, values, mask)
         t3 = time.perf_counter()
         timers[keys.TIME_ROLLOUT] = t1 - t0
         timers[keys.TIME_SCORE] = t2 - t1
