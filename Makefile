@@ -32,6 +32,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VPY) -m pytest -q tests
 
-bench: $(STAMP)
-	$(VPY) -m pip install -q -e '.[bench]'
-	$(VPY) -m bench.run_all
+# TRL 1.12 (the last TRL with a PPO trainer) lives in its own venv so it never changes the main one.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed:
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q $(TORCH)
+	$(BENCH_VENV)/bin/python -m pip install -q 'trl==1.12.0' 'transformers>=5.0' pyyaml
+	touch $@
+
+bench: $(STAMP) $(BENCH_VENV)/.installed
+	$(VPY) -m bench.run_all --grid
