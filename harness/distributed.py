@@ -52,7 +52,7 @@ import torch
 
 from . import keys
 from .algorithms import (
-    POLICY_LOSSES, entropy_term, masked_mean, masked_whiten, value_loss,
+    POLICY_LOSSES, entropy_term, masked_mean, value_loss,
 )
 from .config import ConfigError, TrainConfig
 from .rollout import Rollout, _cache_arg, critic_values, filter_logits, lm_loss, logprobs_and_entropy, position_ids
@@ -840,14 +840,7 @@ class DistributedPPOTrainer(PPOTrainer):
                 R = int(m.sum(1).max().item())
                 m = m[:, :R]
                 mseq, mattn, mresp = seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R]
-                adv = b.advantages[i][:, :R]
-                add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
-                if p.adv_normalize:
-                    adv = masked_whiten(adv, m)
-                if p.adv_clip is not None:
-                    adv = adv.clamp(-p.adv_clip, p.adv_clip)
-                add(keys.ADV_MEAN, masked_mean(adv, m).item())
-                add(keys.ADV_STD, masked_mean((adv - masked_mean(adv, m)) ** 2, m).sqrt().item())
+                adv = self.minibatch_advantages(b.advantages[i][:, :R], m, add)
                 N = m.sum().clamp(min=1)
                 old, ref = b.old_logprobs[i][:, :R], b.ref_logprobs[i][:, :R]
                 mine = env.rank * per

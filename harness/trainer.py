@@ -235,6 +235,18 @@ class PPOTrainer:
             ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
         return ids.to(self.device), mask.to(self.device)
 
+    def minibatch_advantages(self, adv: torch.Tensor, m: torch.Tensor, add) -> torch.Tensor:
+        """Advantage normalization (masked whitening over the minibatch) and clipping, logged before and after."""
+        p = self.cfg.ppo
+        add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
+        if p.adv_normalize:
+            adv = masked_whiten(adv, m)
+        if p.adv_clip is not None:
+            adv = adv.clamp(-p.adv_clip, p.adv_clip)
+        add(keys.ADV_MEAN, masked_mean(adv, m).item())
+        add(keys.ADV_STD, masked_mean((adv - masked_mean(adv, m)) ** 2, m).sqrt().item())
+        return adv
+
     def update(self, b: Batch, train_policy: bool = True) -> dict[str, float]:
         """ppo_epochs passes over the batch in num_minibatches minibatches; returns mean stats."""
         cfg, p = self.cfg, self.cfg.ppo
@@ -260,14 +272,7 @@ class PPOTrainer:
                 R = int(m.sum(1).max().item())
                 m = m[:, :R]
                 mseq, mattn = seq[i][:, : P + R], attn[i][:, : P + R]
-                adv = b.advantages[i][:, :R]
-                add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
-                if p.adv_normalize:
-                    adv = masked_whiten(adv, m)
-                if p.adv_clip is not None:
-                    adv = adv.clamp(-p.adv_clip, p.adv_clip)
-                add(keys.ADV_MEAN, masked_mean(adv, m).item())
-                add(keys.ADV_STD, masked_mean((adv - masked_mean(adv, m)) ** 2, m).sqrt().item())
+                adv = self.minibatch_advantages(b.advantages[i][:, :R], m, add)
 
                 if train_policy:
                     if "logprobs" in first and mb_size == B:  # the scoring pass's forward: same inputs, same parameters
