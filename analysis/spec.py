@@ -141,12 +141,7 @@ def _flatten(d: dict[str, Any] | None, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    return str(v)
+from harness.registry import format_axis_value as _fmt_value  # noqa: E402  (one naming rule for runner and analysis)
 
 
 def _expand_grid(grid: dict[str, Any]) -> list[Variant]:

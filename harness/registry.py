@@ -131,8 +131,9 @@ def slug(name: str) -> str:
     return s or "variant"
 
 
-def _fmt_value(v: Any) -> str:
-    # Must match analysis.spec._fmt_value: grid variant names are the join key for figures.
+def format_axis_value(v: Any) -> str:
+    """How a grid axis value appears in a variant name; analysis.spec uses the same function, since
+    variant names are the join key between runs and figures."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
@@ -336,7 +337,7 @@ def _expand_variants(raw: dict[str, Any], leaves: list[str], where: str, problem
             names = list(axes)
             for point in itertools.product(*(axes[k] for k in names)):
                 values = dict(zip(names, point))
-                vname = re.sub(r"\{([^{}]+)\}", lambda m: _fmt_value(values.get(m.group(1), m.group(0))), str(template))
+                vname = re.sub(r"\{([^{}]+)\}", lambda m: format_axis_value(values.get(m.group(1), m.group(0))), str(template))
                 v = Variant(vname, dict(values))
                 variants.append(v)
                 by_name[vname] = v
