@@ -43,6 +43,7 @@ PANEL_LABELS = {
     K.LENGTH: "Response length",
     K.KL: "KL-divergence",
     K.PPL: "Perplexity",
+    K.PPL_TOKENS: "Perplexity (token-pooled)",
     K.PPL_REF: "Perplexity (reference)",
     K.PG_LOSS: "PG loss",
     K.VF_LOSS: "VF loss",

@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="small,medium")
     ap.add_argument("--variants", default="trl,harness,harness_reuse", help=f"from {', '.join(VARIANTS)}")
     ap.add_argument("--bf16", action="store_true", help="also run harness_reuse_bf16 (the optional autocast mode)")
-    ap.add_argument("--grid", action="store_true", help="also time ablations/score_reparam.yaml at --workers 1 vs 2")
+    ap.add_argument("--grid", action="store_true", help="also time ablations/score_reparam.yaml at --workers 1, --workers 2 and --workers 1 --threads 2")
     ap.add_argument("--grid-steps", type=int, default=None, help="ppo.steps for the grid (default: the file's budget)")
     ap.add_argument("--grid-seeds", default=None)
     ap.add_argument("--models-dir", default=str(REPO / ".harness" / "bench_models"))
@@ -270,12 +270,14 @@ def grid(args) -> dict:
     if not world.is_dir():
         return {"skipped": f"no built world at {world} (python -m harness.world build --out {world})"}
     out = {"load_before": load_avg()}
-    for w in (1, 2):
-        out[f"workers{w}"] = time_ablation(w, world, args.grid_steps, args.grid_seeds, None)
-        print(f"[bench] grid --workers {w}: {out[f'workers{w}']}", flush=True)
+    # 1 worker x 2 threads is the fair single-worker rival: it also uses both cores
+    for name, w, t in (("workers1", 1, None), ("workers2", 2, None), ("workers1_threads2", 1, 2)):
+        out[name] = time_ablation(w, world, args.grid_steps, args.grid_seeds, None, t)
+        print(f"[bench] grid {name}: {out[name]}", flush=True)
     out["load_after"] = load_avg()
-    w1, w2 = out["workers1"]["wall_s"], out["workers2"]["wall_s"]
+    w1, w2, w1t2 = (out[k]["wall_s"] for k in ("workers1", "workers2", "workers1_threads2"))
     out["speedup_w2"] = w1 / w2 if w2 else None
+    out["speedup_w2_vs_w1_threads2"] = w1t2 / w2 if w2 else None
     return out
 
 

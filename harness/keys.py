@@ -17,6 +17,7 @@ KL_K3 = "objective/kl_k3"  # same with the k3 estimator (non-negative)
 KL_COEF = "objective/kl_coef"  # eta in force this step (moves with the adaptive controller)
 ENTROPY = "objective/entropy"  # mean per-token entropy of the policy on its samples (nats)
 PPL = "objective/ppl"  # exp(mean token NLL) of the samples under the policy, batch mean
+PPL_TOKENS = "objective/ppl_tokens"  # exp(NLL pooled over all response tokens): no outlier spikes
 PPL_REF = "objective/ppl_ref"  # same under the reference (SFT) model
 NON_SCORE_REWARD = "objective/non_score_reward"  # summed KL-penalty reward per sample, batch mean
 SCORE_PROCESSED = "objective/score_processed"  # score after scaling/normalization/clipping

@@ -23,6 +23,7 @@ from .algorithms import (
     kl_per_token,
     masked_mean,
     masked_whiten,
+    perplexity,
     process_scores,
     token_rewards,
     value_loss,
@@ -330,6 +331,7 @@ class PPOTrainer:
         n_tok = mask.sum(1).clamp(min=1)
         kl_sample = b.kl.sum(1) / n_tok
         k3 = (torch.expm1(b.ref_logprobs - b.old_logprobs) - (b.ref_logprobs - b.old_logprobs)) * mask
+        ppl, ppl_tokens = perplexity(b.old_logprobs, mask)
         out = {
             keys.RM_SCORE: b.scores.mean().item(),
             keys.RM_SCORE_STD: b.scores.std().item() if len(b.scores) > 1 else 0.0,
@@ -337,8 +339,9 @@ class PPOTrainer:
             keys.KL_K3: (k3.sum(1) / n_tok).mean().item(),
             keys.KL_COEF: self.kl_ctl.value,
             keys.ENTROPY: masked_mean(b.entropy.float(), mask).item(),
-            keys.PPL: torch.exp(-(b.old_logprobs.sum(1) / n_tok)).mean().item(),
-            keys.PPL_REF: torch.exp(-(b.ref_logprobs.sum(1) / n_tok)).mean().item(),
+            keys.PPL: ppl,
+            keys.PPL_TOKENS: ppl_tokens,
+            keys.PPL_REF: perplexity(b.ref_logprobs, mask)[0],
             keys.NON_SCORE_REWARD: b.non_score_rewards.sum(1).mean().item(),
             keys.SCORE_PROCESSED: b.processed_scores.mean().item(),
             keys.LENGTH: lengths.mean().item(),

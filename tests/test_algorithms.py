@@ -6,7 +6,7 @@ import torch
 
 from harness.algorithms import (
     AdaptiveKLController, RunningMeanStd, compute_gae, entropy_term, kl_per_token, masked_mean,
-    masked_whiten, process_scores, token_rewards, value_loss,
+    masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
 from harness.algorithms.losses import apa_loss, awr_loss, ppo_loss
 
@@ -78,6 +78,16 @@ def test_masked_whiten_ignores_padding():
     out = masked_whiten(T([1.0, 2.0, 3.0, 100.0]), T([1.0, 1.0, 1.0, 0.0]))
     assert close(out, [-1.0, 0.0, 1.0, 0.0])
     assert close(masked_mean(T([1.0, 2.0, 100.0]), T([1.0, 1.0, 0.0])), 1.5)
+
+
+def test_perplexity_per_sample_and_token_pooled():
+    # sample 0: 3 tokens, NLL 1 each; sample 1: 1 token with NLL 4 (an outlier), 2 padded positions
+    lp = T([[-1.0, -1.0, -1.0], [-4.0, -9.0, -9.0]])
+    mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    per_sample, pooled = perplexity(lp, mask)
+    assert math.isclose(per_sample, (math.e + math.e ** 4) / 2, rel_tol=1e-5)
+    assert math.isclose(pooled, math.exp((3 + 4) / 4), rel_tol=1e-5)  # the outlier weighs 1 token of 4
+    assert pooled < per_sample / 4
 
 
 def test_kl_estimators():

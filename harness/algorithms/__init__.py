@@ -2,10 +2,10 @@
 from .gae import compute_gae
 from .losses import POLICY_LOSSES, entropy_from_logits, entropy_term, value_loss
 from .rewards import AdaptiveKLController, FixedKLController, kl_per_token, process_scores, token_rewards
-from .stats import RunningMeanStd, masked_mean, masked_var, masked_whiten
+from .stats import RunningMeanStd, masked_mean, masked_var, masked_whiten, perplexity
 
 __all__ = [
     "compute_gae", "POLICY_LOSSES", "entropy_from_logits", "entropy_term", "value_loss",
     "AdaptiveKLController", "FixedKLController", "kl_per_token", "process_scores", "token_rewards",
-    "RunningMeanStd", "masked_mean", "masked_var", "masked_whiten",
+    "RunningMeanStd", "masked_mean", "masked_var", "masked_whiten", "perplexity",
 ]

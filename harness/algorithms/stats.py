@@ -35,6 +35,21 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     return out * mask
 
 
+def perplexity(logprobs: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(per-sample, token-pooled) perplexity of the response tokens under the model that gave
+    `logprobs` ([B, T], masked positions ignored).
+
+    per-sample: mean over the batch of exp(mean NLL of each response). One short response the
+    model found unlikely (exp of a large mean NLL) can move it a lot, so it spikes on outliers.
+    token-pooled: exp(NLL summed over all response tokens / their count), the corpus perplexity
+    language-model papers report; every token weighs the same, so it reads as a smooth curve."""
+    nll = -(logprobs * mask)
+    n_tok = mask.sum(1).clamp(min=1)
+    per_sample = torch.exp(nll.sum(1) / n_tok).mean()
+    pooled = torch.exp(nll.sum() / mask.sum().clamp(min=1))
+    return per_sample.item(), pooled.item()
+
+
 class RunningMeanStd:
     """Running mean and variance of a scalar stream, merged batch by batch (Chan et al.).
 
