@@ -28,7 +28,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from analysis.spec import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, UnknownAblation
 from analysis.store import AblationData, default_tracking_uri, load_ablation
@@ -72,6 +72,9 @@ STYLE = {
 }
 
 
+LOG_SCALE_PANELS = {K.PPL, K.PPL_TOKENS, K.PPL_REF}
+
+
 def panel_label(key: str) -> str:
     return PANEL_LABELS.get(key, key.split(":")[0])
 
@@ -102,6 +105,10 @@ def figure_panels(data: AblationData) -> list[str]:
     have = data.available_metrics() if not data.runs.empty else set()
     if K.RM_SCORE in panels and K.GOLD_SCORE in have and K.GOLD_SCORE not in panels:
         panels.insert(panels.index(K.RM_SCORE) + 1, K.GOLD_SCORE)
+    # The per-sample perplexity spikes when one short response is unlikely; the token-pooled one
+    # shows the trend. Only swap when every run has it, so one figure never mixes the two.
+    if K.PPL in panels and K.PPL_TOKENS not in panels and not data.runs.empty and data.logged_by_every_run(K.PPL_TOKENS):
+        panels[panels.index(K.PPL)] = K.PPL_TOKENS
     out = []
     for p in panels:
         if p == EVAL_RM_SCORE_HIST:
@@ -151,6 +158,10 @@ def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, s
                             color=c, alpha=0.18, lw=0)
         for step, y in _collapse_points(data, v, rows, b):
             ax.plot([step], [y], ls="none", marker="X", ms=7, color=c, mec="black", mew=0.6, label="_collapse", zorder=5)
+    if metric in LOG_SCALE_PANELS and (band["max"].astype(float) > 0).all():
+        ax.set_yscale("log")  # collapse drives perplexity toward 1 while outliers reach the thousands
+        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))  # 3, 4, 6; not 3x10^0
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("Step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return True

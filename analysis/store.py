@@ -298,6 +298,7 @@ class AblationData:
     _metrics: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
     _eval: dict[str, dict] = field(default_factory=dict, repr=False)
     _diff: dict[str, list] = field(default_factory=dict, repr=False)
+    _run_keys: list[set[str]] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -314,12 +315,20 @@ class AblationData:
         have = list(self.runs["variant"])
         return [v for v in self.spec.variant_names if match_variant(v, have) is None]
 
+    def _metric_keys_per_run(self) -> list[set[str]]:
+        if self._run_keys is None:
+            c = tracking.client(self.tracking_uri)
+            self._run_keys = [set(c.get_run(rid).data.metrics) for rid in self.runs["run_id"]]
+        return self._run_keys
+
     def available_metrics(self) -> set[str]:
-        c = tracking.client(self.tracking_uri)
-        out: set[str] = set()
-        for rid in self.runs["run_id"]:
-            out |= set(c.get_run(rid).data.metrics)
-        return out
+        """Metric keys logged by at least one run."""
+        return set().union(*self._metric_keys_per_run())
+
+    def logged_by_every_run(self, key: str) -> bool:
+        """True when every run logged `key` (runs from before a metric existed lack it)."""
+        keys = self._metric_keys_per_run()
+        return bool(keys) and all(key in k for k in keys)
 
     def metrics(self, keys: list[str] | str) -> pd.DataFrame:
         """Tidy frame (METRIC_COLUMNS) of the given metric keys over all runs."""

@@ -47,9 +47,10 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
     reward = 0.5 + curve.reward_slope * t + 0.3 * after + seed_offset + e()
     kl = curve.kl_slope * t + 0.05 * after + 0.1 * seed_offset + e(0.1)
     ppl = max(1.002, 3.0 - 0.8 * frac - 0.3 * after) + e(0.1)
+    ppl_tokens = max(1.001, 0.95 * ppl)
     length = min(LENGTH_CAP, 10 + 4 * frac + 2.0 * after) + e(5)
     m = {
-        K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_REF: ppl + 0.5,
+        K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens, K.PPL_REF: ppl + 0.5,
         K.LENGTH: length, K.LENGTH_MAX: min(LENGTH_CAP, length + 4), K.FRAC_AT_CAP: 1.0 if after > 3 else 0.05,
         K.PG_LOSS: -0.01 + e(), K.VF_LOSS: 0.2 * np.exp(-frac) + abs(e()), K.VALUES: 0.3 * reward + e(),
         K.RETURNS: 0.35 * reward + e(), K.ADV_MEAN: e(0.5), K.ADV_STD: 1.0, K.ADV_RAW_MEAN: e(), K.ADV_RAW_STD: 0.5 + frac,
@@ -82,9 +83,10 @@ def _samples(variant: str, step: int, collapsed: bool, metrics: dict[str, float]
 
 def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, Curve], *, seeds=(0, 1),
                    steps: int = 30, sample_every: int = 10, eval_every: int = 0, gold: bool = True,
-                   win_rate: bool = False) -> str:
+                   win_rate: bool = False, old_seeds=()) -> str:
     """A parent run (harness.role=parent) in experiment `name` and one finished child run per
-    (variant, seed); returns the parent run id."""
+    (variant, seed); returns the parent run id. Runs of `old_seeds` imitate a harness from before
+    objective/ppl_tokens existed (they do not log it)."""
     parent = tracking.start_run(tracking_uri, name, f"{name}-parent",
                                 tags={K.TAG_ROLE: "parent", K.TAG_ABLATION: name, K.TAG_FIGURE: figure})
     for vi, (variant, curve) in enumerate(curves.items()):
@@ -96,6 +98,9 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
                 K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic",
             })
             per_step = {s: step_metrics(curve, s, steps, rng, offset, gold) for s in range(1, steps + 1)}
+            if seed in old_seeds:
+                for m in per_step.values():
+                    del m[K.PPL_TOKENS]
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
             if collapsed:
                 per_step[curve.collapse_at][K.COLLAPSE_STEP] = curve.collapse_at

@@ -18,6 +18,7 @@ from analysis.figures import draw_ablation, figure_panels, make_figures
 from analysis.figures import main as figures_main
 from analysis.spec import UnknownAblation, known_ablations, load_spec, match_variant, normalize_name
 from analysis.store import find_runs, load_ablation, resolve_spec
+from analysis.summary import final_peak_table
 from analysis.synthetic import Curve, write_ablation, write_world_ablation
 from harness import keys as K
 from harness import tracking
@@ -137,7 +138,7 @@ def write_store(uri: str) -> None:
     write_ablation(uri, "apa", "apa", {"PPO": Curve(kl_slope=0.002), "APA": Curve(kl_slope=0.008)},
                    seeds=(0, 1), steps=20)
     write_ablation(uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=(0, 1), steps=20,
-                   win_rate=True)
+                   win_rate=True, old_seeds=(1,))  # seed 1 from before objective/ppl_tokens existed
     # Seeds scatter far more than the variants differ: inconclusive.
     write_ablation(uri, "score_reparam", "6", {
         "reward scale": Curve(kl_slope=0.0041, seed_spread=2.0), "reward normalize, δ=0.8": Curve(kl_slope=0.004, seed_spread=2.0),
@@ -244,8 +245,10 @@ def test_rerun_keeps_the_finished_run(env):
 def test_one_line_per_variant_in_every_metric_panel(env):
     d = data_of(env, "kl_eta")
     drawn = draw_ablation(d)
-    # Gold reward follows reward because the runs log it.
-    assert list(drawn.axes) == [K.RM_SCORE, K.GOLD_SCORE, K.LENGTH, K.KL, K.PPL]
+    # Gold reward follows reward because the runs log it; every run logs the token-pooled
+    # perplexity, so it replaces the spiky per-sample one, on a log axis.
+    assert list(drawn.axes) == [K.RM_SCORE, K.GOLD_SCORE, K.LENGTH, K.KL, K.PPL_TOKENS]
+    assert drawn.axes[K.PPL_TOKENS].get_yscale() == "log" and drawn.axes[K.KL].get_yscale() == "linear"
     for panel, ax in drawn.axes.items():
         for v in ETAS:
             assert len(lines_labeled(ax, v)) == 1, (panel, v)
@@ -257,6 +260,8 @@ def test_one_line_per_variant_in_every_metric_panel(env):
 def test_collapse_markers_and_fig4_win_rate_axis(env):
     d = data_of(env, "vanilla")
     assert K.EVAL_WIN_RATE not in figure_panels(d)  # moved onto the reward panel
+    # one seed lacks the token-pooled perplexity: the figure keeps the per-sample one for all runs
+    assert K.PPL in figure_panels(d) and K.PPL_TOKENS not in figure_panels(d)
     drawn = draw_ablation(d, smooth_k=3)
     reward = drawn.axes[K.RM_SCORE]
     markers = [ln for ln in reward.get_lines() if ln.get_label() == "_collapse"]
@@ -265,6 +270,13 @@ def test_collapse_markers_and_fig4_win_rate_axis(env):
     assert len(right.get_lines()) == 1 and right.get_ylim() == (0, 1)
     legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
     assert "collapse detected" in legend and any("rolling mean over 3" in t for t in legend)
+
+
+def test_table_perplexity_follows_the_figure(env):
+    pooled = final_peak_table(data_of(env, "kl_eta"))
+    assert "final ppl (token-pooled)" in pooled.columns and "final ppl" not in pooled.columns
+    per_sample = final_peak_table(data_of(env, "vanilla"))  # one seed predates ppl_tokens
+    assert "final ppl" in per_sample.columns and "final ppl (token-pooled)" not in per_sample.columns
 
 
 def test_special_panels(env):
