@@ -62,6 +62,8 @@ PANEL_LABELS = {
     EVAL_RM_SCORE_HIST: "RM score distribution on held-out prompts",
 }
 FIG_WIDTH_IN = 7.2  # full text width of an A4/Letter page with ~2 cm margins
+LEGEND_CHAR_IN = 0.062  # width of one legend character at legend.fontsize 8.5 (measured on Fig. 14's labels)
+LEGEND_HANDLE_IN = 0.55  # line handle plus column gap
 PANEL_HEIGHT_IN = 2.1
 MAX_RIDGES = 10
 BAND = "min–max over seeds"
@@ -345,7 +347,15 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
     if data.runs.empty:
         handles.append(Line2D([], [], color="none", label="no runs in the store for this ablation"))
     if handles:
-        fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), frameon=False)
+        fig.legend(handles=handles, loc="outside lower center", ncol=legend_columns(handles), frameon=False)
+
+
+def legend_columns(handles: list) -> int:
+    """Up to 3 columns, fewer when the longest label would push the legend past the figure's
+    edges (Fig. 14's variant names run to ~60 characters)."""
+    longest = max(len(h.get_label()) for h in handles)
+    col_in = LEGEND_CHAR_IN * longest + LEGEND_HANDLE_IN
+    return max(1, min(3, len(handles), int(FIG_WIDTH_IN // col_in)))
 
 
 def save_figure(fig: Figure, out_dir: str | Path, stem: str = "figure") -> list[Path]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from analysis import claims as C
-from analysis.figures import draw_ablation, figure_panels, make_figures
+from analysis.figures import draw_ablation, figure_panels, legend_columns, make_figures
 from analysis.figures import main as figures_main
 from analysis.spec import UnknownAblation, known_ablations, load_spec, match_variant, normalize_name
 from analysis.store import find_runs, load_ablation, resolve_spec
@@ -277,6 +277,13 @@ def test_table_perplexity_follows_the_figure(env):
     assert "final ppl (token-pooled)" in pooled.columns and "final ppl" not in pooled.columns
     per_sample = final_peak_table(data_of(env, "vanilla"))  # one seed predates ppl_tokens
     assert "final ppl" in per_sample.columns and "final ppl (token-pooled)" not in per_sample.columns
+
+
+def test_legend_columns_shrink_for_long_variant_names():
+    from matplotlib.lines import Line2D
+    short = [Line2D([], [], label=f"η={x}") for x in (0.05, 0.1, 0.2, 0.4)]
+    long = [Line2D([], [], label="reward norm δ_r=0.8, adv norm (no clip), value clip δ_vf=0.2")] + short
+    assert legend_columns(short) == 3 and legend_columns(short[:2]) == 2 and legend_columns(long) == 1
 
 
 def test_special_panels(env):
