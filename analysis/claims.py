@@ -45,7 +45,7 @@ STAT_WORDS = {
     "mean": "mean", "volatility": "step-to-step volatility of", "min": "lowest",
 }
 METRIC_WORDS = {
-    K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity", K.LENGTH: "length",
+    K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity", K.PPL_TOKENS: "perplexity (token-pooled)", K.LENGTH: "length",
     K.VALUES: "values", K.ADV_RAW_STD: "raw advantage std", K.RM_EVAL_ACC: "RM eval accuracy",
     K.RM_TRAIN_ACC: "RM train accuracy",
 }
@@ -75,6 +75,7 @@ def _pick(data: AblationData, sel) -> tuple[str | None, str]:
 
 
 def _variant_values(data: AblationData, metric: str, stat: str, variant: str) -> dict[str, float]:
+    metric = data.shown_metric(metric)  # the perplexity the figure shows
     per_run = run_stat(data.metrics(metric), metric, stat)
     return describe(per_run.loc[per_run["variant"] == variant, "value"])
 

@@ -107,10 +107,8 @@ def figure_panels(data: AblationData) -> list[str]:
     have = data.available_metrics() if not data.runs.empty else set()
     if K.RM_SCORE in panels and K.GOLD_SCORE in have and K.GOLD_SCORE not in panels:
         panels.insert(panels.index(K.RM_SCORE) + 1, K.GOLD_SCORE)
-    # The per-sample perplexity spikes when one short response is unlikely; the token-pooled one
-    # shows the trend. Only swap when every run has it, so one figure never mixes the two.
-    if K.PPL in panels and K.PPL_TOKENS not in panels and not data.runs.empty and data.logged_by_every_run(K.PPL_TOKENS):
-        panels[panels.index(K.PPL)] = K.PPL_TOKENS
+    if K.PPL in panels and K.PPL_TOKENS not in panels:
+        panels[panels.index(K.PPL)] = data.shown_metric(K.PPL)
     out = []
     for p in panels:
         if p == EVAL_RM_SCORE_HIST:

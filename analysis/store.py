@@ -330,6 +330,14 @@ class AblationData:
         keys = self._metric_keys_per_run()
         return bool(keys) and all(key in k for k in keys)
 
+    def shown_metric(self, key: str) -> str:
+        """The key that figures, tables and claims read for `key`: the token-pooled perplexity
+        stands in for the per-sample one (which spikes on single unlikely responses) when every
+        run logged it, so one figure never mixes the two."""
+        if key == K.PPL and self.logged_by_every_run(K.PPL_TOKENS):
+            return K.PPL_TOKENS
+        return key
+
     def metrics(self, keys: list[str] | str) -> pd.DataFrame:
         """Tidy frame (METRIC_COLUMNS) of the given metric keys over all runs."""
         keys = [keys] if isinstance(keys, str) else list(keys)

@@ -127,8 +127,7 @@ def final_peak_table(data) -> pd.DataFrame:
     world ablations), plus `collapsed` ("k/n (step mean)", train only). Columns without data anywhere
     are dropped (e.g. gold on HH-RLHF)."""
     spec_cols = WORLD_TABLE if data.spec.kind == "world" else TRAIN_TABLE
-    if data.spec.kind != "world" and not data.runs.empty and data.logged_by_every_run(K.PPL_TOKENS):
-        # as in the figures: the token-pooled perplexity when every run has it (no outlier spikes)
+    if data.spec.kind != "world" and data.shown_metric(K.PPL) == K.PPL_TOKENS:
         spec_cols = [("final ppl (token-pooled)", K.PPL_TOKENS, s) if m == K.PPL else (h, m, s) for h, m, s in spec_cols]
     metrics = data.metrics(sorted({m for _, m, _ in spec_cols}))
     variants = data.variants

@@ -273,6 +273,9 @@ def test_collapse_markers_and_fig4_win_rate_axis(env):
 
 
 def test_table_perplexity_follows_the_figure(env):
+    assert data_of(env, "kl_eta").shown_metric(K.PPL) == K.PPL_TOKENS
+    assert data_of(env, "vanilla").shown_metric(K.PPL) == K.PPL
+    assert data_of(env, "kl_eta").shown_metric(K.KL) == K.KL
     pooled = final_peak_table(data_of(env, "kl_eta"))
     assert "final ppl (token-pooled)" in pooled.columns and "final ppl" not in pooled.columns
     per_sample = final_peak_table(data_of(env, "vanilla"))  # one seed predates ppl_tokens
