@@ -12,7 +12,9 @@ from harness import keys, tracking
 from harness.config import load_config
 from harness.train import train
 
+# the shared data folder lies beside the checkout (../shared), in CI too
 HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,7 @@ def hf_dirs(tmp_path_factory):
     return root
 
 
+@needs_shared
 def test_hh_prompts_with_local_hf_models(hf_dirs, tmp_path):
     over = {
         "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48, "data.eval_prompts": 8,
@@ -58,7 +61,10 @@ def test_hh_prompts_with_local_hf_models(hf_dirs, tmp_path):
 
 
 def test_missing_model_dir_fails_before_training_with_the_field_named(tmp_path):
-    cfg = load_config(None, ["data.source=hh_rlhf", f"data.hh_path={HH}", f"model.sft_path={tmp_path}/nope/",
+    hh = tmp_path / "hh.jsonl"  # a valid two-line file: only the model folder is wrong
+    hh.write_text("".join(json.dumps({"chosen": f"\n\nHuman: q{i}?\n\nAssistant: yes {i}",
+                                      "rejected": f"\n\nHuman: q{i}?\n\nAssistant: no {i}"}) + "\n" for i in range(2)))
+    cfg = load_config(None, ["data.source=hh_rlhf", f"data.hh_path={hh}", f"model.sft_path={tmp_path}/nope/",
                              f"logging.tracking_uri=sqlite:///{tmp_path / 'm.db'}", f"logging.output_dir={tmp_path}", "logging.progress=false"])
     res = train(cfg)
     assert res.status == "FAILED" and "model.sft_path" in res.error
