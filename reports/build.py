@@ -551,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {path}")
     if res.combined:
         print(f"combined: {res.combined}")
+    elif res.reports:
+        print(f"combined report left as it was (one ablation named; name none, or several, to rebuild "
+              f"{Path(args.out) / COMBINED})")
     else:
         print("nothing to report: no ablation with runs in the store (pass names to report them anyway)")
     return 1 if res.errors else 0

@@ -138,3 +138,11 @@ def test_one_named_ablation_leaves_the_combined_report_alone(built, tmp_path):
     res = build(["vanilla"], built["uri"], tmp_path, ablations_dir=built["registry"], log_figures=False)
     assert set(res.reports) == {"vanilla"} and res.combined is None
     assert not (tmp_path / COMBINED).exists()
+
+
+def test_cli_with_one_name_says_the_combined_report_was_kept(built, tmp_path, capsys):
+    rc = build_main(["vanilla", "--tracking-uri", built["uri"], "--out", str(tmp_path),
+                     "--ablations-dir", str(built["registry"]), "--no-log"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"vanilla: {tmp_path / 'vanilla' / 'report.pdf'}" in out
+    assert "combined report left as it was" in out and "nothing to report" not in out
