@@ -56,7 +56,7 @@ from .algorithms import (
 )
 from .config import ConfigError, TrainConfig
 from .rollout import Rollout, _cache_arg, critic_values, filter_logits, lm_loss, logprobs_and_entropy, position_ids
-from .trainer import Batch, NonFiniteLoss, PPOTrainer
+from .trainer import Batch, NonFiniteLoss, PPOTrainer, eval_summary
 
 # ------------------------------------------------------------------------------------------------
 # Environment
@@ -977,13 +977,7 @@ class DistributedPPOTrainer(PPOTrainer):
 
         if self.sft_eval is None:
             self.sft_eval = run(self.reference)
-        pol = run(self.m.policy)
-        out = {keys.EVAL_RM: sum(pol["rm"]) / len(pol["rm"]), keys.EVAL_LENGTH: sum(pol["length"]) / len(pol["length"])}
-        if pol["gold"]:
-            out[keys.EVAL_GOLD] = sum(pol["gold"]) / len(pol["gold"])
-            wins = [1.0 if a > b_ else 0.5 if a == b_ else 0.0 for a, b_ in zip(pol["gold"], self.sft_eval["gold"])]
-            out[keys.EVAL_WIN_RATE] = sum(wins) / len(wins)
-        return out, {"rm": pol["rm"], "gold": pol["gold"], "sft_rm": self.sft_eval["rm"], "sft_gold": self.sft_eval["gold"]}
+        return eval_summary(run(self.m.policy), self.sft_eval)
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

@@ -76,6 +76,18 @@ def lr_lambda(cfg: TrainConfig, total_updates: int):
     return f
 
 
+def eval_summary(pol: dict, sft: dict) -> tuple[dict[str, float], dict]:
+    """Eval metrics from the policy's and the SFT model's held-out scores (dicts of per-prompt
+    lists: rm, gold, length), and the scores to log as an artifact. Win rate: the policy's gold
+    score beats the SFT model's on the same prompt, ties count half."""
+    out = {keys.EVAL_RM: sum(pol["rm"]) / len(pol["rm"]), keys.EVAL_LENGTH: sum(pol["length"]) / len(pol["length"])}
+    if pol["gold"]:
+        out[keys.EVAL_GOLD] = sum(pol["gold"]) / len(pol["gold"])
+        wins = [1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(pol["gold"], sft["gold"])]
+        out[keys.EVAL_WIN_RATE] = sum(wins) / len(wins)
+    return out, {"rm": pol["rm"], "gold": pol["gold"], "sft_rm": sft["rm"], "sft_gold": sft["gold"]}
+
+
 class PPOTrainer:
     def __init__(self, cfg: TrainConfig, models: Models, source: PromptSource, device: torch.device):
         self.cfg, self.m, self.source, self.device = cfg, models, source, device
@@ -409,16 +421,7 @@ class PPOTrainer:
 
         if self.sft_eval is None:
             self.sft_eval = run(self.m.reference)
-        pol = run(self.m.policy)
-        out = {
-            keys.EVAL_RM: sum(pol["rm"]) / len(pol["rm"]),
-            keys.EVAL_LENGTH: sum(pol["length"]) / len(pol["length"]),
-        }
-        if pol["gold"]:
-            out[keys.EVAL_GOLD] = sum(pol["gold"]) / len(pol["gold"])
-            wins = [1.0 if a > b_ else 0.5 if a == b_ else 0.0 for a, b_ in zip(pol["gold"], self.sft_eval["gold"])]
-            out[keys.EVAL_WIN_RATE] = sum(wins) / len(wins)
-        return out, {"rm": pol["rm"], "gold": pol["gold"], "sft_rm": self.sft_eval["rm"], "sft_gold": self.sft_eval["gold"]}
+        return eval_summary(run(self.m.policy), self.sft_eval)
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict:
