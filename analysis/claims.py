@@ -269,6 +269,19 @@ class Collapses(Rule):
         return Outcome(verdict, numbers, "seeds split" if verdict == INCONCLUSIVE else "")
 
 
+def _z_verdict(z: float) -> str:
+    """A sampling z-score against Z_SAMPLE, either way."""
+    return REPRODUCED if z >= Z_SAMPLE else NOT_REPRODUCED if z <= -Z_SAMPLE else INCONCLUSIVE
+
+
+def _per_run_outcome(verdicts: list[str], numbers: list[str], none_reason: str) -> Outcome:
+    """Reproduced only when every run's verdict is; not reproduced when any run's is."""
+    if not verdicts:
+        return Outcome(INCONCLUSIVE, "", none_reason)
+    verdict = REPRODUCED if all(x == REPRODUCED for x in verdicts) else NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
+    return Outcome(verdict, "; ".join(numbers))
+
+
 @dataclass
 class PairsAboveChance(Rule):
     """Fig. 2: each RM scores chosen above rejected on more than half of the held-out pairs."""
@@ -287,12 +300,9 @@ class PairsAboveChance(Rule):
             d = np.asarray(diffs, dtype=float)
             p, n = float(np.mean(d > 0)), len(d)
             z = (p - 0.5) / math.sqrt(0.25 / n)
-            verdicts.append(REPRODUCED if z >= Z_SAMPLE else NOT_REPRODUCED if z <= -Z_SAMPLE else INCONCLUSIVE)
+            verdicts.append(_z_verdict(z))
             numbers.append(f"{v}: {p:.1%} of {n} pairs > 0, mean diff {fmt(float(d.mean()))}, z={z:.1f}")
-        if not verdicts:
-            return Outcome(INCONCLUSIVE, "", "no reward-model runs")
-        verdict = REPRODUCED if all(x == REPRODUCED for x in verdicts) else NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
-        return Outcome(verdict, "; ".join(numbers))
+        return _per_run_outcome(verdicts, numbers, "no reward-model runs")
 
 
 @dataclass
@@ -323,12 +333,9 @@ class EvalScoresShift(Rule):
                 va, vb = a.std(ddof=1), b.std(ddof=1)
                 se = math.sqrt(va ** 2 / (2 * (len(a) - 1)) + vb ** 2 / (2 * (len(b) - 1)))
             z = (vb - va) / se if se > 0 else (math.inf if vb > va else -math.inf if vb < va else 0.0)
-            verdicts.append(REPRODUCED if z >= Z_SAMPLE else NOT_REPRODUCED if z <= -Z_SAMPLE else INCONCLUSIVE)
+            verdicts.append(_z_verdict(z))
             numbers.append(f"{v}: {self.what} step {steps[0]} {fmt(float(va))} -> step {steps[-1]} {fmt(float(vb))}, z={z:.1f}")
-        if not verdicts:
-            return Outcome(INCONCLUSIVE, "", "no runs")
-        verdict = REPRODUCED if all(x == REPRODUCED for x in verdicts) else NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
-        return Outcome(verdict, "; ".join(numbers))
+        return _per_run_outcome(verdicts, numbers, "no runs")
 
 
 @dataclass
