@@ -1,0 +1,283 @@
+"""The one validation engine for every YAML file the project reads.
+
+Train configs, world configs, ablation (figure) files and sweep files are all described by typed
+sections: `@section`-decorated dataclasses (pydantic dataclasses, so `dataclasses.replace`,
+`dataclasses.fields` and `dataclasses.asdict` keep working) with a docstring under every field.
+This module reads the YAML (safe loader; duplicate keys, non-UTF-8 bytes and non-mapping tops are
+errors), validates it with pydantic, and turns pydantic's errors into one line per problem that
+names the file, the dotted field, the value and what is allowed, with one closest-key hint:
+
+    config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
+    config.yaml: ppo.clip_eps: got 5; allowed: a number >= 0 and <= 1
+
+Why pydantic: it is the best-kept typed validator in the ecosystem (ranges through `Field(ge=...)`,
+Literal choices, nested sections, JSON schema), and its field docstrings
+(`use_attribute_docstrings`) keep the CleanRL style of a docstring under every field, from which
+`--help` is generated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterator, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as _pydantic_dataclass
+
+CONFIG = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+def section(cls: type) -> type:
+    """Make `cls` a validated config section: unknown keys are errors, docstrings document fields."""
+    return _pydantic_dataclass(cls, config=CONFIG)
+
+
+class ConfigError(ValueError):
+    """Bad input; the message lists every problem found, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid config:\n  - " + "\n  - ".join(self.problems))
+
+
+# --------------------------------------------------------------------------------------------
+# Reading YAML
+# --------------------------------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """Safe loader that refuses duplicate keys and reads `1e-5` as a number (YAML 1.1 needs a dot)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1}); each key may appear once",
+                key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text -> Python data; errors name the source and line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{source}: not valid YAML: {e}"]) from None
+
+
+def read_yaml(path: str | Path, what: str = "config file", allow_empty: bool = False) -> dict[str, Any]:
+    """Read one YAML file whose top level is a mapping; every failure is a ConfigError naming it."""
+    p = Path(path)
+    src = str(p)
+    if not p.is_file():
+        raise ConfigError([f"{what} {src!r}: not found" + (" (it is a directory)" if p.is_dir() else "")])
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a UTF-8 byte-order mark is not part of the content
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError([f"{src}: line {line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
+                           "save the file as UTF-8"]) from None
+    if "\x00" in text:
+        raise ConfigError([f"{src}: contains NUL bytes; allowed: a UTF-8 YAML text file"])
+    data = parse_yaml(text, src)
+    if data is None:
+        if allow_empty:
+            return {}
+        raise ConfigError([f"{src}: the file is empty (or only comments); allowed: a mapping of settings"])
+    if not isinstance(data, dict):
+        raise ConfigError([f"{src}: top level must be a mapping of keys, got {type(data).__name__}"])
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+def closest(word: Any, options: typing.Iterable[str]) -> str | None:
+    """The one closest option to a mistyped word, or None when nothing is close."""
+    hits = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
+    return hits[0] if hits else None
+
+
+def did_you_mean(word: Any, options: typing.Iterable[str], prefix: str = "") -> str:
+    """'; did you mean X?' or '; allowed: a, b, c' when nothing is close."""
+    opts = list(options)
+    hit = closest(word, opts)
+    return f"; did you mean {prefix}{hit}?" if hit else f"; allowed: {', '.join(prefix + o for o in opts)}"
+
+
+def _fields(cls: Any) -> dict[str, Any]:
+    return getattr(cls, "__pydantic_fields__", {})
+
+
+def _optional(tp: Any) -> tuple[bool, Any]:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) < len(get_args(tp)):
+            return True, args[0] if len(args) == 1 else Union[tuple(args)]
+    return False, tp
+
+
+def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
+    """Human words for what a field allows ('a number > 0 and <= 1 or null')."""
+    opt, inner = _optional(tp)
+    if get_origin(inner) is typing.Annotated:
+        inner, *more = get_args(inner)
+        metadata = [*metadata, *more]
+    # Field(...) inside Annotated arrives as a FieldInfo whose own metadata holds the bounds
+    metadata = [x for m in metadata for x in ([m, *m.metadata] if hasattr(m, "metadata") else [m])]
+    bounds = []
+    for m in metadata:
+        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                bounds.append(f"{sym} {v:g}" if isinstance(v, (int, float)) else f"{sym} {v}")
+        if getattr(m, "min_length", None):
+            bounds.append(f"at least {m.min_length} long")
+        if getattr(m, "max_length", None):
+            bounds.append(f"at most {m.max_length} long")
+        if getattr(m, "pattern", None):
+            bounds.append(f"matching {m.pattern}")
+    if get_origin(inner) is Literal:
+        s = "one of " + ", ".join(repr(a) for a in get_args(inner))
+    elif inner is bool:
+        s = "true or false"
+    elif inner in (int, float):
+        s = "an integer" if inner is int else "a number"
+    elif inner is str:
+        s = "a string"
+    elif get_origin(inner) is dict:
+        s = "a mapping"
+    elif get_origin(inner) is list:
+        s = "a list"
+    elif dataclasses.is_dataclass(inner):
+        s = "a section with keys " + ", ".join(_fields(inner))
+    else:
+        s = getattr(inner, "__name__", str(inner))
+    if bounds:
+        s += " " + " and ".join(bounds)
+    return s + (" or null" if opt else "")
+
+
+def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
+    """Follow an error location through the sections: (dotted field, annotation, metadata, parent)."""
+    names: list[str] = []
+    tp: Any = cls
+    meta: list = []
+    parent = cls
+    for part in loc:
+        _, inner = _optional(tp)
+        if get_origin(inner) is typing.Annotated:
+            inner = get_args(inner)[0]
+        fields = _fields(inner)
+        if isinstance(part, str) and part in fields:
+            parent = inner
+            names.append(part)
+            tp, meta = fields[part].annotation, list(fields[part].metadata)
+        elif isinstance(part, (str, int)) and get_origin(inner) in (dict, list) or isinstance(part, int):
+            names.append(str(part))
+            args = get_args(inner)
+            tp, meta = (args[-1] if args else Any), []
+        elif isinstance(part, str) and not fields:
+            continue  # a union member's tag ('float', 'function-after[...]'): not a field
+        else:
+            names.append(str(part))
+    return ".".join(names), tp, meta, parent
+
+
+def _problem(cls: Any, err: dict, prefix: str) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        path, _, _, _ = _walk(cls, loc[:-1])
+        head = f"{prefix}{path}." if path else prefix
+        options = list(_fields(_walk(cls, loc[:-1])[1] if loc[:-1] else cls)) or []
+        return f"{head}{loc[-1]}: unknown key" + did_you_mean(loc[-1], options, head)
+    path, tp, meta, _ = _walk(cls, loc)
+    value = err.get("input")
+    allowed = describe(tp, meta)
+    name = f"{prefix}{path}" if path else (prefix.rstrip(".") or "config")
+    if err["type"] == "literal_error":
+        _, inner = _optional(tp)
+        hit = closest(value, [str(a) for a in get_args(inner)]) if get_origin(inner) is Literal else None
+        return f"{name}: got {value!r}; allowed: {allowed}" + (f" (did you mean {hit!r}?)" if hit else "")
+    if err["type"] in ("value_error", "assertion_error"):
+        msg = str(err.get("ctx", {}).get("error", err["msg"]))
+        return f"{name}: got {value!r}; {msg}"
+    return f"{name}: got {value!r}; allowed: {allowed}"
+
+
+def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") -> Any:
+    """Validate nested data into the section `cls`; raise ConfigError naming source and fields."""
+    if data is None:
+        data = {}
+    try:
+        return TypeAdapter(cls).validate_python(data)
+    except ValidationError as e:
+        head = f"{source}: " if source else ""
+        problems, seen = [], set()
+        for err in e.errors():
+            p = head + _problem(cls, err, prefix)
+            if p not in seen:
+                seen.add(p)
+                problems.append(p)
+        raise ConfigError(problems) from None
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+# --------------------------------------------------------------------------------------------
+# Documentation from the sections (--help, README tables)
+# --------------------------------------------------------------------------------------------
+def iter_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, Any, str, list]]:
+    """(dotted key, annotation, default, docstring, metadata) for every leaf field of a section."""
+    for f in dataclasses.fields(cls):
+        info = _fields(cls)[f.name]
+        tp = info.annotation
+        _, inner = _optional(tp)
+        if dataclasses.is_dataclass(inner):
+            yield from iter_fields(inner, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        yield f"{prefix}{f.name}", tp, default, info.description or "", list(info.metadata)
+
+
+def leaf_keys(cls: type) -> list[str]:
+    return [k for k, *_ in iter_fields(cls)]
+
+
+def help_text(cls: type, width: int = 100) -> str:
+    """Every field as `key = default   (allowed)` with its docstring wrapped under it."""
+    import textwrap
+
+    lines: list[str] = []
+    section_name = None
+    for key, tp, default, doc, meta in iter_fields(cls):
+        sec = key.rsplit(".", 1)[0] if "." in key else ""
+        if sec != section_name:
+            section_name = sec
+            lines.append(f"\n[{sec or 'top level'}]")
+        lines.append(f"  {key} = {json.dumps(default, default=str)}   ({describe(tp, meta)})")
+        if doc:
+            lines += textwrap.wrap(doc, width=width, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
