@@ -1,0 +1,64 @@
+"""The verdict statistics (analysis/stats.py) on cases with known answers."""
+import math
+
+import numpy as np
+import pytest
+
+from analysis.stats import (
+    CONTRADICTED, INCONCLUSIVE, REPRODUCED, censor, compare, compare_to, hedges_g, min_detectable, proportion_ci,
+)
+
+
+def test_permutation_p_value_is_the_exact_count():
+    # 5 vs 5 seeds: 252 relabellings; |diff| >= 4 happens for the observed split, its mirror and
+    # the two splits that swap one extreme (hand count) -> p = 4/252
+    c = compare([5, 6, 7, 8, 9], [1, 2, 3, 4, 5], expect="greater")
+    assert c.p_value == pytest.approx(4 / 252)
+    assert c.estimate == 4
+    assert c.verdict == REPRODUCED
+    assert c.ci_low > 0 and c.ci_low < 4 < c.ci_high
+    assert compare([1, 2, 3, 4, 5], [5, 6, 7, 8, 9], expect="greater").verdict == CONTRADICTED
+
+
+def test_interval_and_p_value_agree():
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        a, b = rng.normal(0.5, 1, 6), rng.normal(0, 1, 6)
+        c = compare(a, b)
+        assert (c.ci_low <= 0 <= c.ci_high) == (c.p_value > 0.05) or math.isclose(c.p_value, 0.05)
+        assert c.ci_low <= c.estimate <= c.ci_high
+
+
+def test_identical_distributions_are_inconclusive_at_the_stated_rate():
+    rng = np.random.default_rng(0)
+    trials = 300
+    decided = sum(compare(rng.normal(size=5), rng.normal(size=5)).verdict != INCONCLUSIVE for _ in range(trials))
+    # exact permutation test at alpha = 0.05: about 5% false decisions (binomial sd ~1.3%)
+    assert decided / trials <= 0.08
+
+
+def test_fewer_than_five_seeds_never_decide():
+    assert compare([10, 11, 12], [0, 1, 2]).verdict == INCONCLUSIVE
+    assert compare_to([10, 11, 12, 13], 0.0).verdict == INCONCLUSIVE
+
+
+def test_one_sample_t_interval_by_hand():
+    c = compare_to([1, 2, 3, 4, 5], 0.0)
+    half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)  # t(0.975, 4) * sd / sqrt(n)
+    assert (c.ci_low, c.ci_high) == pytest.approx((3 - half, 3 + half))
+    assert c.verdict == REPRODUCED
+    assert compare_to([1, 2, 3, 4, 5], 3.0, expect="greater").verdict == INCONCLUSIVE
+
+
+def test_effect_size_power_and_censoring():
+    assert hedges_g(np.array([2.0, 4.0]), np.array([0.0, 2.0])) == pytest.approx(math.sqrt(2) * (1 - 3 / 7))
+    # (z_0.975 + z_0.8) * sd * sqrt(2/n) for n = 5 per arm, sd 1
+    assert min_detectable(1.0, 5, 5) == pytest.approx((1.959964 + 0.841621) * math.sqrt(0.4), rel=1e-5)
+    assert censor([30, None, float("nan"), 500], 120).tolist() == [30, 120, 120, 120]
+
+
+def test_clopper_pearson():
+    lo, hi = proportion_ci(5, 5)
+    assert lo == pytest.approx(0.025 ** (1 / 5)) and hi == 1.0
+    lo, hi = proportion_ci(0, 5)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 5))
