@@ -1,0 +1,89 @@
+"""The house's shape: no import cycles, and layers point one way (harness -> analysis -> reports).
+
+Every import in a module counts, also the ones inside functions: a lazy import is still a
+dependency. `harness.main` (the main job: world -> grid -> figures -> report) is the one module
+allowed above both analysis and reports.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("harness", "analysis", "reports")
+MAIN_JOB = "harness.main"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _resolve(name: str, known: set[str]) -> str | None:
+    """The longest known module that `name` is or lies in (a.b.c -> a.b when c is a symbol)."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = pkg.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            for t in targets:
+                r = _resolve(t, known)
+                if r and r != mod and not mod.startswith(r + "."):  # a package's own __init__ is not a cycle
+                    graph[mod].add(r)
+    return graph
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_layers_point_one_way():
+    graph = import_graph()
+    rank = {"harness": 0, "analysis": 1, "reports": 2}
+    bad = [
+        f"{m} imports {n}"
+        for m, deps in graph.items() if m != MAIN_JOB
+        for n in deps if rank[n.split(".")[0]] > rank[m.split(".")[0]]
+    ]
+    assert not bad, "lower layer imports a higher one:\n" + "\n".join(bad)
