@@ -5,10 +5,10 @@ MLflow's sqlite store costs ~5 ms per call, so the trainer never logs metric by 
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import mlflow
+from filelock import FileLock
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -26,6 +27,17 @@ _MAX_PARAM_LEN = 6000
 
 
 _READY: set[str] = set()
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")
+
+
+def redact(text: str) -> str:
+    """Hide the password of every `scheme://user:password@host` in `text` (`user:***@host`).
+
+    Every place a URI can leave the process (printed, logged as a param or tag, written into an
+    artifact, a study attribute or a report) goes through this; credentials belong in the
+    environment (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD), not in URIs.
+    """
+    return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 
 def _init_sqlite_store(tracking_uri: str) -> None:
@@ -38,12 +50,8 @@ def _init_sqlite_store(tracking_uri: str) -> None:
         return
     db = Path(tracking_uri[len("sqlite:///"):])
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(db) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with FileLock(str(db) + ".lock"):
+        MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
     _READY.add(tracking_uri)
 
 
@@ -122,13 +130,14 @@ def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:
 
 
 def _param_str(v: Any) -> str:
-    s = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
-    return s[:_MAX_PARAM_LEN]
+    """YAML-like text: `null` for None, lists and mappings as JSON with real unicode (δ, not \\u03b4)."""
+    s = json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) or v is None else str(v)
+    return redact(s)[:_MAX_PARAM_LEN]
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
     if tags:
-        client(tracking_uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        client(tracking_uri).log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
 
 
 class MetricLogger:
@@ -161,7 +170,7 @@ def log_json_artifact(tracking_uri: str, run_id: str, obj: Any, artifact_path: s
     p = Path(artifact_path)
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / p.name
-        f.write_text(json.dumps(obj, indent=1, default=_json_default))
+        f.write_text(redact(json.dumps(obj, indent=1, default=_json_default, ensure_ascii=False)))
         client(tracking_uri).log_artifact(run_id, str(f), artifact_path=str(p.parent) if str(p.parent) != "." else None)
 
 
@@ -169,7 +178,7 @@ def log_text_artifact(tracking_uri: str, run_id: str, text: str, artifact_path: 
     p = Path(artifact_path)
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / p.name
-        f.write_text(text)
+        f.write_text(redact(text))
         client(tracking_uri).log_artifact(run_id, str(f), artifact_path=str(p.parent) if str(p.parent) != "." else None)
 
 
@@ -206,5 +215,5 @@ def run_status(tracking_uri: str, run_id: str) -> str:
 __all__ = [
     "client", "ensure_experiment", "start_run", "reopen_run", "end_run", "log_params", "set_tags",
     "MetricLogger", "log_json_artifact", "log_text_artifact", "log_file_artifacts",
-    "load_json_artifact", "metric_history", "run_status", "git_commit", "artifact_root", "RunStatus",
+    "load_json_artifact", "metric_history", "run_status", "git_commit", "artifact_root", "RunStatus", "redact",
 ]

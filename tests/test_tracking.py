@@ -24,3 +24,22 @@ def test_metric_logger_batches_and_drops_non_finite(tmp_path):
     assert log.dropped == 1
     assert tracking.metric_history(uri, run_id, "a/z") == [(3, 2.5)]
     assert tracking.metric_history(uri, run_id, "a/y") == []
+
+
+def test_credentials_never_reach_the_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'c.db'}"
+    secret = "http://alice:s3cr3t@mlflow.example:5000"
+    assert tracking.redact(f"store {secret} and postgresql://bob:pw@db/optuna") == \
+        "store http://alice:***@mlflow.example:5000 and postgresql://bob:***@db/optuna"
+    run_id = tracking.start_run(uri, "exp", "r")
+    tracking.log_params(uri, run_id, {"logging.tracking_uri": secret, "reward.clip": None, "name": "δ=0.8"})
+    tracking.set_tags(uri, run_id, {"where": secret})
+    tracking.log_text_artifact(uri, run_id, f"tracking_uri: {secret}\n", "config.yaml")
+    tracking.log_json_artifact(uri, run_id, {"uri": secret}, "info.json")
+    run = tracking.client(uri).get_run(run_id)
+    assert run.data.params == {"logging.tracking_uri": "http://alice:***@mlflow.example:5000", "reward.clip": "null",
+                               "name": "δ=0.8"}
+    assert "s3cr3t" not in run.data.tags["where"]
+    art = tmp_path / "mlartifacts"
+    assert all("s3cr3t" not in f.read_text() for f in art.rglob("*") if f.is_file())
+    assert len([f for f in art.rglob("*") if f.is_file()]) == 2
