@@ -90,3 +90,43 @@ def test_malformed_lines_are_reported_with_line_numbers(tmp_path, gz):
 def test_missing_file_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_hh_rlhf(tmp_path / "nope.jsonl")
+
+
+def _good_line(i: int = 0) -> str:
+    return json.dumps({"chosen": _dialogue(f"hi {i}", "hello!"), "rejected": _dialogue(f"hi {i}", "go away")})
+
+
+def test_bad_files_name_the_file_and_what_is_wrong(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.jsonl.*empty"):
+        load_hh_rlhf(empty)
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match="binary.jsonl.*no usable line"):
+        load_hh_rlhf(binary)
+    # a .gz cut in the middle: the error names the file and the last line read
+    whole = _write(tmp_path / "whole.jsonl.gz", [_good_line(i) for i in range(400)], True).read_bytes()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cut.jsonl.gz.*unreadable after line \d+.*truncated"):
+        load_hh_rlhf(cut)
+
+
+def test_byte_order_mark_is_not_part_of_line_one(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + (_good_line(1) + "\n" + _good_line(2) + "\n").encode())
+    data = load_hh_rlhf(p)
+    assert [e.line for e in data.examples] == [1, 2] and not data.malformed
+
+
+def test_too_few_prompts_to_hold_out_eval_prompts_is_an_error(tmp_path):
+    from harness.config import load_config
+    from harness.data import load_source
+
+    p = _write(tmp_path / "few.jsonl", [_good_line(i) for i in range(5)], False)
+    cfg = load_config(overrides={"data.source": "hh_rlhf", "data.hh_path": str(p)})
+    with pytest.raises(ValueError, match="5 distinct prompts; at least 10"):
+        load_source(cfg)
+    cfg = load_config(overrides={"data.source": "hh_rlhf", "data.hh_path": str(p), "data.eval_prompts": 0})
+    assert len(load_source(cfg).train_prompts) == 5

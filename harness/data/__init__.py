@@ -38,6 +38,13 @@ def load_source(cfg: TrainConfig) -> PromptSource:
     if hh.malformed:
         # counted and reported, never silently dropped
         print(f"[harness] {hh.summary(max_listed=5)}", file=sys.stderr)
+    # hold out at most a tenth of the prompts for evaluation, and say so when that is fewer than asked
     n_eval = min(cfg.data.eval_prompts, len(hh.prompts) // 10)
+    if n_eval < cfg.data.eval_prompts:
+        if n_eval == 0:
+            raise ValueError(f"data.hh_path: {cfg.data.hh_path!r} has {len(hh.prompts)} distinct prompts; at least 10 are "
+                             f"needed to hold out eval prompts (or set data.eval_prompts: 0)")
+        print(f"[harness] data.eval_prompts: {cfg.data.eval_prompts} asked, {n_eval} held out "
+              f"(a tenth of the {len(hh.prompts)} prompts in {cfg.data.hh_path})", file=sys.stderr)
     train_prompts, eval_prompts = hh.split_prompts(n_eval, seed=cfg.seed)
     return PromptSource(train_prompts, eval_prompts, hh.sft_pairs, None)

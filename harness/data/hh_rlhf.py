@@ -72,7 +72,8 @@ class HHData:
         """(train, eval) distinct prompts; `n_eval` drawn with `seed`, so no eval prompt is trained on."""
         prompts = self.prompts
         if not 0 <= n_eval < len(prompts):
-            raise ValueError(f"n_eval: got {n_eval}; allowed: 0 <= n_eval < {len(prompts)} (distinct prompts in {self.path})")
+            raise ValueError(f"data.eval_prompts: got {n_eval}; allowed: 0 <= eval prompts < {len(prompts)} "
+                             f"(the distinct prompts in {self.path}, some of which must be left to train on)")
         held = set(random.Random(seed).sample(range(len(prompts)), n_eval))
         return [p for i, p in enumerate(prompts) if i not in held], [p for i, p in enumerate(prompts) if i in held]
 
@@ -138,9 +139,16 @@ def _open(path: Path) -> IO[bytes]:
 
 
 def _lines(path: Path) -> Iterator[bytes]:
-    with _open(path) as fh:
-        for raw in fh:
-            yield raw.rstrip(b"\r\n")
+    n = 0
+    try:
+        with _open(path) as fh:
+            for n, raw in enumerate(fh, start=1):
+                raw = raw.rstrip(b"\r\n")
+                # a UTF-8 byte-order mark belongs to the file, not to line 1's JSON
+                yield raw[3:] if n == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+    except (EOFError, OSError, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
+        raise ValueError(f"HH-RLHF file {str(path)!r}: unreadable after line {n} ({e}); "
+                         "the file is truncated or corrupt - download it again") from None
 
 
 def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
@@ -148,6 +156,8 @@ def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
+    if p.stat().st_size == 0:
+        raise ValueError(f"HH-RLHF file {str(p)!r}: the file is empty; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
     data = HHData(path=str(p), lines=0)
     for n, raw in enumerate(_lines(p), start=1):
         if limit is not None and n > limit:
@@ -155,6 +165,8 @@ def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
         data.lines = n
         item = parse_line(raw, n)
         (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore[arg-type]
+    if not data.examples:
+        raise ValueError(f"HH-RLHF file {str(p)!r}: no usable line (is it an HH-RLHF jsonl file?)\n{data.summary(max_listed=5)}")
     return data
 
 
