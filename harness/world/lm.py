@@ -127,7 +127,7 @@ def train_causal_lm(
     batches = epoch_batches(len(examples), batch_size, gen, lengths=[len(e[0]) for e in examples])
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(range(steps), desc=desc, disable=None if progress else True, leave=False)  # None: no bar frames in logs
     for _ in bar:
         ids, mask, labels = loss_labels([examples[i] for i in next(batches)], pad_id)
         loss = token_nll(model, ids, mask, labels)
@@ -160,7 +160,7 @@ def sample(
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)
     chunks = [idx[j : j + batch_size] for _, idx in sorted(by_len.items()) for j in range(0, len(idx), batch_size)]
-    for idx in tqdm(chunks, desc=desc, disable=not progress, leave=False):
+    for idx in tqdm(chunks, desc=desc, disable=None if progress else True, leave=False)  # None: no bar frames in logs:
         x = torch.tensor([prompts[i] for i in idx], dtype=torch.long)
         logits, cache = forward_cached(model, x)
         done = torch.zeros(len(idx), dtype=torch.bool)

@@ -104,7 +104,7 @@ def train_reward_model(
             on_log(step, row)
 
     record(0)
-    bar = tqdm(range(1, cfg.steps + 1), desc="reward model", disable=not progress, leave=False)
+    bar = tqdm(range(1, cfg.steps + 1), desc="reward model", disable=None if progress else True, leave=False)  # None: no bar frames in logs
     for step in bar:
         rm.train()
         batch = [train[i] for i in next(batches)]
