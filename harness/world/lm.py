@@ -160,7 +160,7 @@ def sample(
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)
     chunks = [idx[j : j + batch_size] for _, idx in sorted(by_len.items()) for j in range(0, len(idx), batch_size)]
-    for idx in tqdm(chunks, desc=desc, disable=None if progress else True, leave=False)  # None: no bar frames in logs:
+    for idx in tqdm(chunks, desc=desc, disable=None if progress else True, leave=False):  # None: no bar frames in logs
         x = torch.tensor([prompts[i] for i in idx], dtype=torch.long)
         logits, cache = forward_cached(model, x)
         done = torch.zeros(len(idx), dtype=torch.bool)
