@@ -117,10 +117,26 @@ def test_ppo_clipped_surrogate():
 
 def test_ppo_without_importance_sampling_is_plain_policy_gradient():
     logp = torch.tensor([[-2.0]], requires_grad=True)
-    loss, _ = ppo_loss(logp, T([[-5.0]]), T([[3.0]]), T([[1.0]]), clip_eps=0.2, importance_sampling=False)
+    loss, _ = ppo_loss(logp, T([[-5.0]]), T([[3.0]]), T([[1.0]]), clip_eps=0.2, importance_sampling="off")
     assert close(loss, 6.0)  # -A * log pi, no ratio against the stale -5.0
     loss.backward()
     assert close(logp.grad, [[-3.0]])
+
+
+def test_importance_sampling_against_the_reference_model():
+    # the paper's Sec. 5.3.2: ratio = pi_theta / pi_ref (not / pi_rollout), clipped around 1
+    m = T([[1.0, 1.0, 0.0]])
+    logp, old, ref = T([[-1.0, -2.0, -9.0]]), T([[-1.0, -2.0, -9.0]]), T([[-1.0 - math.log(1.5), -2.0, 0.0]])
+    adv = T([[1.0, -2.0, 5.0]])
+    loss, st = ppo_loss(logp, old, adv, m, clip_eps=0.2, importance_sampling="reference", ref_logprobs=ref)
+    # token 1: ratio 1.5 -> min(1.5*1, 1.2*1) = 1.2; token 2: ratio 1 -> -2; token 3 masked
+    assert close(loss, -(1.2 - 2.0) / 2)
+    assert close(st["ratio"][0, :2], [1.5, 1.0]) and close(st["clipfrac"], 0.5)
+    # the same data with the standard PPO ratio (rollout == current policy) is not clipped
+    loss, st = ppo_loss(logp, old, adv, m, clip_eps=0.2, importance_sampling="rollout", ref_logprobs=ref)
+    assert close(loss, -(1.0 - 2.0) / 2) and close(st["clipfrac"], 0.0)
+    with pytest.raises(ValueError, match="allowed: rollout, reference, off"):
+        ppo_loss(logp, old, adv, m, clip_eps=0.2, importance_sampling="yes")
 
 
 def test_apa_and_awr_losses():

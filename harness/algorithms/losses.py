@@ -12,6 +12,9 @@ import torch
 from .stats import masked_mean
 
 
+IMPORTANCE_SAMPLING = ("rollout", "reference", "off")
+
+
 def ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -19,17 +22,31 @@ def ppo_loss(
     mask: torch.Tensor,
     *,
     clip_eps: float | None,
-    importance_sampling: bool = True,
+    importance_sampling: str = "rollout",
+    ref_logprobs: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate -min(ratio*A, clip(ratio, 1-eps, 1+eps)*A), ratio vs the rollout policy.
+    """Clipped surrogate -min(ratio*A, clip(ratio, 1-eps, 1+eps)*A) with the ratio chosen by
+    `importance_sampling` (paper-notes section 2, trick 2):
 
-    importance_sampling=False drops the ratio: the gradient of -A*log pi, as if every epoch's
-    data were fresh on-policy samples (no correction, nothing to clip).
+    - `rollout`: ratio = pi_theta / pi_rollout, standard PPO (every variant's baseline);
+    - `reference`: ratio = pi_theta / pi_ref, the paper's importance sampling (Sec. 5.3.2): the
+      behaviour distribution is fixed to the reference (SFT) model, "an infinite experience
+      buffer"; the clip then bounds how far the policy may move from the reference itself;
+    - `off`: no ratio, the gradient of -A*log pi (every epoch's data treated as fresh on-policy
+      samples; nothing to clip).
+    The logged ratio statistics are those of the ratio in use.
     """
-    log_ratio = logprobs - old_logprobs
+    if importance_sampling == "reference":
+        if ref_logprobs is None:
+            raise ValueError("importance_sampling='reference' needs the reference model's log-probs")
+        log_ratio = logprobs - ref_logprobs
+    elif importance_sampling in ("rollout", "off"):
+        log_ratio = logprobs - old_logprobs
+    else:
+        raise ValueError(f"importance_sampling: got {importance_sampling!r}; allowed: {', '.join(IMPORTANCE_SAMPLING)}")
     ratio = torch.exp(log_ratio)
-    if importance_sampling:
+    if importance_sampling != "off":
         surr = ratio * advantages
         if clip_eps is not None:
             clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
