@@ -1,0 +1,84 @@
+"""Where a number came from: code, machine, libraries and world, recorded with every run and report.
+
+Float rounding differs between CPUs (an AVX-512 + bf16 machine and an AVX2-only one train
+slightly different worlds and runs from the same seed), so a result without its machine cannot
+be compared with another. Every run logs these as `provenance.*` tags, and reports print them.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+# Flags that change which kernels run, and so the float rounding (x86 and Arm).
+FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "fma", "f16c",
+                     "asimd", "sve", "bf16")
+PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "mlflow", "optuna", "pydantic", "deepspeed")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def commit() -> str:
+    """Short commit of the code, with ' (uncommitted changes)' when the tree is dirty."""
+    c = _git("rev-parse", "--short", "HEAD") or "unknown"
+    return c + (" (uncommitted changes)" if c != "unknown" and _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+@lru_cache(maxsize=1)
+def cpu() -> dict[str, str]:
+    """CPU model and the kernel-relevant flags (from /proc/cpuinfo where there is one)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model") and model in (platform.processor(), platform.machine()):
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model, "flags": " ".join(f for f in FLAGS_OF_INTEREST if f in flags) or "none of interest",
+            "logical_cpus": str(os.cpu_count())}
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def world(world_dir: str | Path | None) -> dict[str, str]:
+    """The built world's hash and its measured properties (RM accuracies, SFT gold), if any."""
+    if not world_dir:
+        return {}
+    try:
+        info = json.loads((Path(world_dir) / "world.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {"hash": str(info.get("config_hash", "unknown"))}
+    out.update({k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))})
+    return out
+
+
+def record(world_dir: str | Path | None = None) -> dict[str, str]:
+    """Flat `provenance.*` tags for an MLflow run: commit, machine, libraries, world."""
+    tags = {"provenance.commit": commit()}
+    tags.update({f"provenance.cpu.{k}": v for k, v in cpu().items()})
+    tags.update({f"provenance.version.{k}": v for k, v in versions().items()})
+    tags.update({f"provenance.world.{k}": v for k, v in world(world_dir).items()})
+    return tags
