@@ -10,19 +10,32 @@ TORCH   := torch==2.13.0
 ABLATION ?= ablations/score_reparam.yaml
 WORKERS ?= 2
 
-.PHONY: venv run test bench clean-runs help
+.PHONY: venv run test bench lock clean-runs help
 
 help:
 	@echo "make run    - main job on the embedded world (world -> $(ABLATION) -> figures -> report PDF)"
 	@echo "make test   - the test suite"
 	@echo "make bench  - speed benchmarks (installs the optional bench group)"
+	@echo "make lock   - re-resolve dependencies into requirements.lock"
 
-$(STAMP): pyproject.toml
+# Installs the exact versions in requirements.lock (the world build and the runs depend on them),
+# then the project itself without touching them.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(TORCH)
-	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q -r requirements.lock
+	$(VPY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# Re-resolve the dependencies from pyproject.toml in a scratch venv and write the lock.
+lock:
+	rm -rf .venv-lock && $(PY) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q $(TORCH)
+	.venv-lock/bin/python -m pip install -q -e '.[test]'
+	(echo "# Exact versions of every dependency (make installs these; regenerate with: make lock)"; \
+	 .venv-lock/bin/python -m pip freeze --exclude-editable) > requirements.lock
+	rm -rf .venv-lock
 
 venv: $(STAMP)
 
