@@ -233,7 +233,7 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
 
 def _problem(cls: Any, err: dict, prefix: str) -> str:
     loc = tuple(err["loc"])
-    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden", "invalid_key"):  # invalid: not text
         path, _, _, _ = _walk(cls, loc[:-1])
         head = f"{prefix}{path}." if path else prefix
         options = list(_fields(_walk(cls, loc[:-1])[1] if loc[:-1] else cls)) or []
