@@ -25,7 +25,6 @@ from . import schema
 from .schema import Batch, Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, Str, Unit, section, to_dict
 from .schema import iter_fields, merge, parse_overrides, parse_value, read_yaml, set_dotted  # noqa: F401 - the code imports them from here
 
-LR = Annotated[Float, Field(gt=0, le=1)]
 Tokens = Annotated[Int, Field(ge=1, le=1_000_000)]
 
 
@@ -114,9 +113,9 @@ class PPOConfig:
     """Passes over each rollout batch."""
     num_minibatches: Batch = 2
     """Minibatches per epoch; rollout_batch_size must divide evenly."""
-    policy_lr: LR = 5e-5
+    policy_lr: Pos = 5e-5
     """Policy AdamW learning rate."""
-    critic_lr: LR = 1e-4
+    critic_lr: Pos = 1e-4
     """Critic AdamW learning rate."""
     warmup_steps: Count = 0
     """Linear learning-rate warmup, in optimizer updates, for both policy and critic."""
@@ -187,17 +186,17 @@ class RewardConfig:
 @section
 class LoggingConfig:
     tracking_uri: TrackingURI = "sqlite:///mlflow.db"
-    """MLflow tracking URI (sqlite file, directory or server URL)."""
+    """MLflow tracking URI (sqlite file, directory or server URL), without spaces."""
     experiment: Name = "harness"
     """MLflow experiment name."""
     run_name: FolderName | None = None
-    """MLflow run name and checkpoint folder name (null = generated from experiment, policy loss and seed)."""
+    """MLflow run name and checkpoint folder name, so one path component (null = generated from experiment, policy loss and seed)."""
     parent_run_id: Str | None = None
     """Log as a child of this MLflow run (set by the ablation runner and sweeps)."""
     tags: dict[Str, Str] = field(default_factory=dict)
     """Extra MLflow tags for the run."""
     output_dir: PathStr = "runs"
-    """Checkpoints and run files go under output_dir/run_name."""
+    """Checkpoints and run files go under output_dir/run_name (refused at load time when a file is in the way)."""
     sample_every: Count = 50
     """Log a table of sample prompts/responses/rewards every N steps (0 = only at the end)."""
     num_samples: Annotated[Int, Field(ge=0, le=10000)] = 8
@@ -277,6 +276,17 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------
 # Loading, hashing, docs
 # --------------------------------------------------------------------------------------------
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of `path` (or itself) when it is not a directory: mkdir would fail."""
+    for d in (path, *path.parents):
+        try:
+            if d.exists():
+                return None if d.is_dir() else d
+        except OSError:  # unreadable: creating the folder will say why
+            return None
+    return None
+
+
 def cross_checks(cfg: TrainConfig) -> list[str]:
     """Rules that span fields (and the one rule about the file system: output_dir is creatable)."""
     p: list[str] = []
@@ -289,8 +299,7 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
         p.append("data.hh_path: got ''; allowed: a path to an HH-RLHF .jsonl or .jsonl.gz file when data.source=hh_rlhf")
     if cfg.distributed.offload_params and cfg.distributed.zero_stage != 3:
         p.append(f"distributed.offload_params: got true with zero_stage={cfg.distributed.zero_stage}; allowed: only with zero_stage 3")
-    out = Path(cfg.logging.output_dir)
-    blocker = next((d for d in (out, *out.parents) if d.exists() and not d.is_dir()), None)
+    blocker = _file_in_the_way(Path(cfg.logging.output_dir))
     if blocker is not None:
         p.append(f"logging.output_dir: got {cfg.logging.output_dir!r}; allowed: a directory, but {str(blocker)!r} is a file")
     return p

@@ -5,10 +5,11 @@ sections: `@section`-decorated dataclasses (pydantic dataclasses, so `dataclasse
 `dataclasses.fields` and `dataclasses.asdict` keep working) with a docstring under every field.
 This module reads the YAML (safe loader; duplicate keys, non-UTF-8 bytes and non-mapping tops are
 errors), validates it with pydantic, and turns pydantic's errors into one line per problem that
-names the file, the dotted field, the value and what is allowed, with one closest-key hint:
+names the file (or `--set`), the dotted field, the value and what is allowed, with one closest-key
+hint:
 
     config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
-    config.yaml: ppo.clip_eps: got 5; allowed: a number >= 0 and <= 1
+    --set: ppo.clip_eps: got 5; allowed: a number > 0 and <= 1 or null
 
 Why pydantic: it is the best-kept typed validator in the ecosystem (ranges through `Field(ge=...)`,
 Literal choices, nested sections, JSON schema), and its field docstrings
@@ -53,7 +54,7 @@ Pos = Annotated[Float, Field(gt=0)]
 NonNeg = Annotated[Float, Field(ge=0)]
 Unit = Annotated[Float, Field(ge=0, le=1)]
 Seed = Annotated[Int, Field(ge=0, le=2**31 - 1)]
-"""What numpy, torch and Python's random all accept."""
+"""0 .. 2**31-1: what numpy, torch and Python's random all accept."""
 MAX_COUNT = 10_000_000
 Count = Annotated[Int, Field(ge=0, le=MAX_COUNT)]
 """Steps, warmups, 'every N' intervals and sizes of generated data: large, never absurd."""
@@ -162,6 +163,12 @@ def _optional(tp: Any) -> tuple[bool, Any]:
         if len(args) < len(get_args(tp)):
             return True, args[0] if len(args) == 1 else Union[tuple(args)]
     return False, tp
+
+
+def base_type(tp: Any) -> tuple[bool, Any]:
+    """(optional, the type under Optional and Annotated) of a field: `Pos | None` -> (True, float)."""
+    opt, inner = _optional(tp)
+    return opt, get_args(inner)[0] if get_origin(inner) is typing.Annotated else inner
 
 
 def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
@@ -323,10 +330,12 @@ def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[
     """YAML file (optional) + overrides (`["rm.steps=100"]` or `{"rm.steps": 100}`) -> section `cls`.
 
     `checks(obj)` returns the problems of rules that span fields. Every problem line starts with
-    where its value came from: the file, or `--set` when an override set that field.
+    where its value came from: the file, or the overrides (`--set` from the command line) when one
+    set that field.
     """
     data = read_yaml(path) if path else {}
     over = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
+    label = "--set" if isinstance(overrides, list) else "overrides"
     try:
         obj = validate(cls, merge(data, over))
         problems = checks(obj) if checks else []
@@ -336,8 +345,8 @@ def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[
         def origin(problem: str) -> str:
             key = problem.split(":", 1)[0]
             if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in over):
-                return "--set"
-            return str(path) if path else "--set" if over else "defaults"
+                return label
+            return str(path) if path else label if over else "defaults"
 
         raise ConfigError([f"{origin(p)}: {p}" for p in problems])
     return obj

@@ -60,7 +60,7 @@ class PretrainConfig:
     """Optimizer steps (the corpus is reshuffled each epoch)."""
     batch_size: Batch = 64
     """Documents per step."""
-    lr: Annotated[Float, Field(gt=0, le=1)] = 1e-3
+    lr: Pos = 1e-3
     """AdamW peak learning rate (linear warmup, then cosine decay to 10%)."""
     warmup_steps: Count = 30
     """Linear warmup steps."""
@@ -72,7 +72,7 @@ class SFTConfig:
     """Optimizer steps (the SFT examples are reshuffled each epoch)."""
     batch_size: Batch = 64
     """Examples per step."""
-    lr: Annotated[Float, Field(gt=0, le=1)] = 2e-3
+    lr: Pos = 2e-3
     """AdamW peak learning rate (linear warmup, then cosine decay to 10%). High on purpose: copying the dish named in the prompt is learned in a sudden jump, which at 5e-4 comes after 400 steps and at 2e-3 before 300."""
     warmup_steps: Count = 30
     """Linear warmup steps."""
@@ -98,7 +98,7 @@ class RMTrainConfig:
     """Optimizer steps on preference pairs (-log sigmoid(r_chosen - r_rejected))."""
     batch_size: Batch = 32
     """Pairs per step."""
-    lr: Annotated[Float, Field(gt=0, le=1)] = 3e-4
+    lr: Pos = 3e-4
     """AdamW peak learning rate (warmup, cosine decay)."""
     warmup_steps: Count = 20
     """Linear warmup steps."""
