@@ -5,10 +5,11 @@ sections: `@section`-decorated dataclasses (pydantic dataclasses, so `dataclasse
 `dataclasses.fields` and `dataclasses.asdict` keep working) with a docstring under every field.
 This module reads the YAML (safe loader; duplicate keys, non-UTF-8 bytes and non-mapping tops are
 errors), validates it with pydantic, and turns pydantic's errors into one line per problem that
-names the file, the dotted field, the value and what is allowed, with one closest-key hint:
+names the file (or `--set`), the dotted field, the value and what is allowed, with one closest-key
+hint:
 
     config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
-    config.yaml: ppo.clip_eps: got 5; allowed: a number >= 0 and <= 1
+    --set: ppo.clip_eps: got 5; allowed: a number > 0 and <= 1 or null
 
 Why pydantic: it is the best-kept typed validator in the ecosystem (ranges through `Field(ge=...)`,
 Literal choices, nested sections, JSON schema), and its field docstrings
@@ -17,6 +18,7 @@ Literal choices, nested sections, JSON schema), and its field docstrings
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
@@ -24,10 +26,10 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Iterator, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 CONFIG = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
@@ -36,6 +38,28 @@ CONFIG = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assi
 def section(cls: type) -> type:
     """Make `cls` a validated config section: unknown keys are errors, docstrings document fields."""
     return _pydantic_dataclass(cls, config=CONFIG)
+
+
+def _integral(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
+
+
+# Value types for fields. Strict: true/false, 1 and "yes" are not interchangeable, and "3" is not
+# a number; an integral float (YAML `1e3`) is an integer and an integer is a float.
+Int = Annotated[int, Strict(), BeforeValidator(_integral)]
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+Pos = Annotated[Float, Field(gt=0)]
+NonNeg = Annotated[Float, Field(ge=0)]
+Unit = Annotated[Float, Field(ge=0, le=1)]
+Seed = Annotated[Int, Field(ge=0, le=2**31 - 1)]
+"""0 .. 2**31-1: what numpy, torch and Python's random all accept."""
+MAX_COUNT = 10_000_000
+Count = Annotated[Int, Field(ge=0, le=MAX_COUNT)]
+"""Steps, warmups, 'every N' intervals and sizes of generated data: large, never absurd."""
+PosCount = Annotated[Int, Field(ge=1, le=MAX_COUNT)]
+Batch = Annotated[Int, Field(ge=1, le=65536)]
 
 
 class ConfigError(ValueError):
@@ -50,7 +74,9 @@ class ConfigError(ValueError):
 # Reading YAML
 # --------------------------------------------------------------------------------------------
 class _Loader(yaml.SafeLoader):
-    """Safe loader that refuses duplicate keys and reads `1e-5` as a number (YAML 1.1 needs a dot)."""
+    """Safe loader that refuses duplicate keys, reads `1e-5` as a number (YAML 1.1 needs a dot) and,
+    as YAML 1.2, only true/false as booleans (`yes`, `no`, `on`, `off` are strings, so a boolean
+    field given `yes` is an error rather than a guess)."""
 
 
 _Loader.add_implicit_resolver(
@@ -58,6 +84,9 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+_Loader.yaml_implicit_resolvers = {  # the class's own copy (add_implicit_resolver made it)
+    c: [(tag, rx) for tag, rx in rs if tag != "tag:yaml.org,2002:bool"] for c, rs in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -136,6 +165,12 @@ def _optional(tp: Any) -> tuple[bool, Any]:
     return False, tp
 
 
+def base_type(tp: Any) -> tuple[bool, Any]:
+    """(optional, the type under Optional and Annotated) of a field: `Pos | None` -> (True, float)."""
+    opt, inner = _optional(tp)
+    return opt, get_args(inner)[0] if get_origin(inner) is typing.Annotated else inner
+
+
 def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
     """Human words for what a field allows ('a number > 0 and <= 1 or null')."""
     opt, inner = _optional(tp)
@@ -149,7 +184,7 @@ def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
         for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
             v = getattr(m, attr, None)
             if v is not None:
-                bounds.append(f"{sym} {v:g}" if isinstance(v, (int, float)) else f"{sym} {v}")
+                bounds.append(f"{sym} {v:g}" if isinstance(v, float) else f"{sym} {v}")
         if getattr(m, "min_length", None):
             bounds.append(f"at least {m.min_length} long")
         if getattr(m, "max_length", None):
@@ -205,7 +240,7 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
 
 def _problem(cls: Any, err: dict, prefix: str) -> str:
     loc = tuple(err["loc"])
-    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden", "invalid_key"):  # invalid: not text
         path, _, _, _ = _walk(cls, loc[:-1])
         head = f"{prefix}{path}." if path else prefix
         options = list(_fields(_walk(cls, loc[:-1])[1] if loc[:-1] else cls)) or []
@@ -243,6 +278,78 @@ def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") 
 
 def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
+
+
+# --------------------------------------------------------------------------------------------
+# Files plus command-line overrides
+# --------------------------------------------------------------------------------------------
+def parse_value(text: str) -> Any:
+    """An override's value read the way the YAML file would be (`0.1`, `1e-5`, `true`, `null`, `[a, b]`)."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """['ppo.kl_coef=0.1', ...] -> {'ppo.kl_coef': 0.1}."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise ConfigError([f"--set {item!r}: expected KEY=VALUE, e.g. ppo.kl_coef=0.1"])
+        out[k.strip()] = parse_value(v.strip())
+    return out
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `over` into a copy of `base`; dotted keys in `over` address nested fields."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if "." in k:
+            set_dotted(out, k, v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None,
+         checks: Callable[[Any], list[str]] | None = None) -> Any:
+    """YAML file (optional) + overrides (`["rm.steps=100"]` or `{"rm.steps": 100}`) -> section `cls`.
+
+    `checks(obj)` returns the problems of rules that span fields. Every problem line starts with
+    where its value came from: the file, or the overrides (`--set` from the command line) when one
+    set that field.
+    """
+    data = read_yaml(path) if path else {}
+    over = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
+    label = "--set" if isinstance(overrides, list) else "overrides"
+    try:
+        obj = validate(cls, merge(data, over))
+        problems = checks(obj) if checks else []
+    except ConfigError as e:
+        problems = e.problems
+    if problems:
+        def origin(problem: str) -> str:
+            key = problem.split(":", 1)[0]
+            if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in over):
+                return label
+            return str(path) if path else label if over else "defaults"
+
+        raise ConfigError([f"{origin(p)}: {p}" for p in problems])
+    return obj
 
 
 # --------------------------------------------------------------------------------------------

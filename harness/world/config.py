@@ -1,4 +1,4 @@
-"""Typed config of the embedded world (same style and validation as `harness/config.py`).
+"""Typed config of the embedded world (same style as `harness/config.py`, validated by `harness.schema`).
 
 `python -m harness.world build --help` lists every field with its doc string. The world is a
 pure function of this config (and `WORLD_FORMAT`): its hash names the cached build.
@@ -7,132 +7,132 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness.config import (
-    NonNeg, Pos, PosInt, Range, Unit, ConfigError, describe_type, from_dict, iter_fields, merge,
-    parse_overrides, read_yaml, to_dict,
-)
+from pydantic import Field
+
+from harness import schema
+from harness.schema import Batch, Count, Float, Int, NonNeg, Pos, PosCount, Seed, Unit, section, to_dict
 
 # Bump when code changes what a build produces, so cached worlds from older code are rebuilt.
 WORLD_FORMAT = 2
 
 
-@dataclass
+@section
 class TaskConfig:
-    pair_prompts: Annotated[int, NonNeg] = 150
+    pair_prompts: Count = 150
     """Two-dish prompts ("review of the pasta and the curry :") drawn from all dish pairs; the other prompt kinds are fixed (72 single-dish headers, 47 sentence openings, 24 "i ordered the X and")."""
-    eval_frac: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.2
+    eval_frac: Annotated[Float, Field(gt=0, lt=1)] = 0.2
     """Fraction of prompts of each kind held out as eval prompts (never seen by SFT or RM training)."""
-    max_new_tokens: Annotated[int, PosInt] = 24
+    max_new_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 24
     """Response length cap when sampling preference pairs; match generation.max_new_tokens of the runs."""
-    off_topic: Annotated[float, Unit] = 0.1
+    off_topic: Unit = 0.1
     """Probability that an SFT review skips the dish the prompt asks about (SFT imperfection PPO can fix)."""
-    repeat: Annotated[float, Unit] = 0.05
+    repeat: Unit = 0.05
     """Probability that each further SFT sentence repeats an earlier one."""
 
 
-@dataclass
+@section
 class CorpusConfig:
-    pretrain_docs: Annotated[int, PosInt] = 20000
+    pretrain_docs: PosCount = 20000
     """Generic documents (2-6 random sentences, some under a random review header) for pretraining."""
-    sft_examples: Annotated[int, PosInt] = 20000
+    sft_examples: PosCount = 20000
     """(prompt, response) SFT examples on train prompts: reviews mixed in mood (positive, negative, mixed)."""
 
 
-@dataclass
+@section
 class ModelArchConfig:
-    n_layer: Annotated[int, PosInt] = 3
+    n_layer: Annotated[Int, Field(ge=1, le=1024)] = 3
     """GPT-2 blocks (policy, reference, reward model and critic all share this trunk shape)."""
-    n_embd: Annotated[int, PosInt] = 128
+    n_embd: Annotated[Int, Field(ge=1, le=65536)] = 128
     """Hidden size; must be divisible by n_head."""
-    n_head: Annotated[int, PosInt] = 4
+    n_head: Annotated[Int, Field(ge=1, le=1024)] = 4
     """Attention heads."""
-    n_positions: Annotated[int, Range(16, None)] = 128
+    n_positions: Annotated[Int, Field(ge=16, le=1_000_000)] = 128
     """Maximum sequence length (prompt + response + eos) the models accept."""
 
 
-@dataclass
+@section
 class PretrainConfig:
-    steps: Annotated[int, NonNeg] = 400
+    steps: Count = 400
     """Optimizer steps (the corpus is reshuffled each epoch)."""
-    batch_size: Annotated[int, PosInt] = 64
+    batch_size: Batch = 64
     """Documents per step."""
-    lr: Annotated[float, Pos] = 1e-3
+    lr: Pos = 1e-3
     """AdamW peak learning rate (linear warmup, then cosine decay to 10%)."""
-    warmup_steps: Annotated[int, NonNeg] = 30
+    warmup_steps: Count = 30
     """Linear warmup steps."""
 
 
-@dataclass
+@section
 class SFTConfig:
-    steps: Annotated[int, NonNeg] = 400
+    steps: Count = 400
     """Optimizer steps (the SFT examples are reshuffled each epoch)."""
-    batch_size: Annotated[int, PosInt] = 64
+    batch_size: Batch = 64
     """Examples per step."""
-    lr: Annotated[float, Pos] = 2e-3
+    lr: Pos = 2e-3
     """AdamW peak learning rate (linear warmup, then cosine decay to 10%). High on purpose: copying the dish named in the prompt is learned in a sudden jump, which at 5e-4 comes after 400 steps and at 2e-3 before 300."""
-    warmup_steps: Annotated[int, NonNeg] = 30
+    warmup_steps: Count = 30
     """Linear warmup steps."""
 
 
-@dataclass
+@section
 class PreferenceConfig:
-    train_pairs: Annotated[int, PosInt] = 4000
+    train_pairs: PosCount = 4000
     """Preference pairs on train prompts: two SFT samples of one prompt, labeled by the gold reward."""
-    eval_pairs: Annotated[int, PosInt] = 1000
+    eval_pairs: PosCount = 1000
     """Held-out pairs on eval prompts (RM eval accuracy, Fig. 2 histogram)."""
-    temperature: Annotated[float, Pos] = 1.0
+    temperature: Annotated[Float, Field(ge=0.05, le=100)] = 1.0
     """SFT sampling temperature for the pairs."""
-    label_noise: Annotated[float, NonNeg] = 0.5
+    label_noise: NonNeg = 0.5
     """Bradley-Terry temperature of the labeler: P(a preferred over b) = sigmoid((gold_a - gold_b) / label_noise); 0 = always the gold order."""
-    corrupt_frac: Annotated[float, Unit] = 0.1
+    corrupt_frac: Unit = 0.1
     """Fraction of pairs where one side is a corrupted copy of the other (words shuffled, replaced by random words, or praise piled up in place): teaches the RM that word salad is bad. Repeated sentences and rambling are deliberately NOT corrupted in, so the RM stays exploitable there."""
 
 
-@dataclass
+@section
 class RMTrainConfig:
-    steps: Annotated[int, NonNeg] = 250
+    steps: Count = 250
     """Optimizer steps on preference pairs (-log sigmoid(r_chosen - r_rejected))."""
-    batch_size: Annotated[int, PosInt] = 32
+    batch_size: Batch = 32
     """Pairs per step."""
-    lr: Annotated[float, Pos] = 3e-4
+    lr: Pos = 3e-4
     """AdamW peak learning rate (warmup, cosine decay)."""
-    warmup_steps: Annotated[int, NonNeg] = 20
+    warmup_steps: Count = 20
     """Linear warmup steps."""
-    eval_every: Annotated[int, PosInt] = 25
+    eval_every: PosCount = 25
     """Log rm/train_acc, rm/train_loss (means since the last log) and rm/eval_acc every N steps."""
 
 
-@dataclass
+@section
 class GoldConfig:
-    sentiment: Annotated[float, NonNeg] = 2.0
+    sentiment: NonNeg = 2.0
     """Weight of enthusiasm s = (pos - neg) / (pos + neg + 1), counted over grammatical, non-repeated sentences (saturates: more praise helps less and less)."""
-    topic: Annotated[float, NonNeg] = 1.0
+    topic: NonNeg = 1.0
     """Penalty times the fraction of the prompt's subjects the review never names in a grammatical sentence."""
-    grammar: Annotated[float, NonNeg] = 2.0
+    grammar: NonNeg = 2.0
     """Penalty times the fraction of sentences that are not in the grammar (an unfinished last sentence counts when the response ended)."""
-    repetition: Annotated[float, NonNeg] = 3.0
+    repetition: NonNeg = 3.0
     """Penalty times the fraction of word trigrams that repeat an earlier trigram."""
-    not_ended: Annotated[float, NonNeg] = 1.0
+    not_ended: NonNeg = 1.0
     """Penalty when the response ran into the length cap instead of ending with EOS."""
-    length_target: Annotated[int, PosInt] = 20
+    length_target: PosCount = 20
     """Response words beyond this count as rambling."""
-    length: Annotated[float, NonNeg] = 0.1
+    length: NonNeg = 0.1
     """Penalty per response word beyond length_target."""
-    empty: Annotated[float, NonNeg] = 1.5
+    empty: NonNeg = 1.5
     """Penalty when the response itself contributes no grammatical sentence."""
-    scale: Annotated[float, Pos] = 3.0
+    scale: Pos = 3.0
     """Squash: gold = scale * tanh(raw / scale), so gold lies in (-scale, scale)."""
 
 
-@dataclass
+@section
 class WorldConfig:
-    seed: int = 0
+    seed: Seed = 0
     """Seed of everything: corpora, prompt split, model init, data order, sampling and labels."""
-    threads: Annotated[int, NonNeg] = 1
+    threads: Annotated[Int, Field(ge=0, le=4096)] = 1
     """torch intra-op threads during the build (0 = torch's default). One is the safe choice for these small models: on shared cores extra threads mostly spin (10x slower under load). Not part of the cache key."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """Prompts and the SFT review style."""
@@ -195,20 +195,18 @@ def world_cross_checks(cfg: WorldConfig) -> list[str]:
     return p
 
 
-def world_config_from_dict(data: dict[str, Any] | None) -> WorldConfig:
+def world_config_from_dict(data: dict[str, Any] | None, source: str | None = None) -> WorldConfig:
     """Validate a nested dict into a WorldConfig; raises ConfigError listing every problem."""
-    cfg = from_dict(data or {}, WorldConfig)
+    cfg = schema.validate(WorldConfig, data, source)
     problems = world_cross_checks(cfg)
     if problems:
-        raise ConfigError(problems)
+        raise schema.ConfigError([f"{source}: {p}" if source else p for p in problems])
     return cfg
 
 
 def load_world_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> WorldConfig:
     """YAML file (optional) + overrides (`["rm.steps=100"]` or `{"rm.steps": 100}`) -> WorldConfig."""
-    data = read_yaml(path) if path else {}
-    over = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
-    return world_config_from_dict(merge(data, over))
+    return schema.load(WorldConfig, path, overrides, world_cross_checks)
 
 
 def world_config_hash(cfg: WorldConfig) -> str:
@@ -219,13 +217,4 @@ def world_config_hash(cfg: WorldConfig) -> str:
 
 
 def world_help_text() -> str:
-    lines, section = [], None
-    for key, tp, default, doc in iter_fields(WorldConfig):
-        sec = key.split(".")[0] if "." in key else ""
-        if sec != section:
-            section = sec
-            lines.append(f"\n[{sec or 'top level'}]")
-        lines.append(f"  {key} = {json.dumps(default)}   ({describe_type(tp)})")
-        if doc:
-            lines.append(f"      {doc}")
-    return "\n".join(lines)
+    return schema.help_text(WorldConfig)
