@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import random
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -171,15 +170,11 @@ def test_cache_is_reused_and_a_config_change_rebuilds(tmp_path, uri):
     log = dict(tracking_uri=uri, experiment="world-cache", progress=False)
     out = build_world(cfg, tmp_path / "w", **log)
     stamp = (out / WORLD_FILE).stat().st_mtime_ns
-    t = time.perf_counter()
     assert build_world(cfg, tmp_path / "w", **log) == out
-    assert time.perf_counter() - t < 1.0
     assert (out / WORLD_FILE).stat().st_mtime_ns == stamp  # not rebuilt
     exp = tracking.client(uri).get_experiment_by_name("world-cache").experiment_id
     assert len(tracking.client(uri).search_runs([exp])) == 1  # and not logged again
 
-    # threads is bookkeeping: same cache key.
-    assert world_config_hash(load_world_config(overrides={**MICRO, "threads": 2})) == world_config_hash(cfg)
     changed = load_world_config(overrides={**MICRO, "prefs.label_noise": 0.0})
     build_world(changed, tmp_path / "w", **log)
     w = load_world(out)
@@ -311,3 +306,25 @@ def test_cli_help_lists_fields_and_build_uses_overrides(tmp_path, capsys):
     assert load_world(tmp_path / "w").config.seed == 3
     assert cli.main(["build", "--out", str(tmp_path / "x"), "--set", "rm.stepz=1", "--quiet"]) == 2
     assert "did you mean rm.steps" in capsys.readouterr().err
+
+
+def test_the_world_does_not_depend_on_the_callers_thread_count(tmp_path):
+    """Same machine, 1 or 2 torch threads in the caller: byte-identical weights and data."""
+    import hashlib
+
+    import torch
+
+    def digest(root):
+        return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+                for f in sorted(root.rglob("*")) if f.is_file() and f.name != "build_info.json"}
+
+    before = torch.get_num_threads()
+    built = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            built.append(digest(build_world(load_world_config(overrides=MICRO), tmp_path / f"t{n}", progress=False)))
+    finally:
+        torch.set_num_threads(before)
+    assert built[0] == built[1]
+    assert any(k.endswith(".safetensors") for k in built[0])

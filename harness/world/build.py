@@ -161,13 +161,16 @@ def _locked(out_dir: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet_build(threads: int) -> Iterator[None]:
-    """Set the thread count and silence transformers' per-save progress bars, then restore both."""
+def _quiet_build() -> Iterator[None]:
+    """One torch thread and no transformers per-save progress bars for the build; restore both after.
+
+    One thread, always: float reductions split over several threads round differently, and the
+    world (its weights, its RM accuracy) must be the same whatever thread count the caller runs
+    with. These 128-wide models gain little from more threads anyway."""
     from transformers.utils import logging as hf_logging
 
     before, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(1)
     hf_logging.disable_progress_bar()
     try:
         yield
@@ -403,7 +406,7 @@ def build_world(
         _log(progress, f"building world {chash} into {out}")
         try:
             tmp.mkdir()
-            with _quiet_build(wcfg.threads):
+            with _quiet_build():
                 _build_into(tmp, wcfg, chash, run, progress)
             _install(tmp, out)
         except KeyboardInterrupt:

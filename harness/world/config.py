@@ -132,8 +132,6 @@ class GoldConfig:
 class WorldConfig:
     seed: Seed = 0
     """Seed of everything: corpora, prompt split, model init, data order, sampling and labels."""
-    threads: Annotated[Int, Field(ge=0, le=4096)] = 1
-    """torch intra-op threads during the build (0 = torch's default). One is the safe choice for these small models: on shared cores extra threads mostly spin (10x slower under load). Not part of the cache key."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """Prompts and the SFT review style."""
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -154,9 +152,6 @@ class WorldConfig:
 
 LONGEST_PROMPT_WORDS = 8  # "review of the pasta and the curry :"
 
-# Not part of the cache key: the thread count changes how fast a build runs, not what it means
-# (torch may round differently with another count; that is not worth a rebuild).
-BOOKKEEPING = ("threads",)
 
 TINY: dict[str, Any] = {
     "task.pair_prompts": 40,
@@ -211,7 +206,7 @@ def load_world_config(path: str | Path | None = None, overrides: list[str] | dic
 
 def world_config_hash(cfg: WorldConfig) -> str:
     """Hash of everything that changes what the build produces (the cache key)."""
-    data = {k: v for k, v in to_dict(cfg).items() if k not in BOOKKEEPING}
+    data = to_dict(cfg)
     data["_format"] = WORLD_FORMAT
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
