@@ -135,8 +135,8 @@ class PPOConfig:
     """Global gradient clipping (trick 12), per model; 0 = off. The norm before clipping is logged either way."""
     policy_loss: Literal["ppo", "apa", "awr"] = "ppo"
     """Policy objective: `ppo` clipped surrogate; `apa` squared error to pi_init*exp(A/apa_lambda); `awr` advantage-weighted regression."""
-    importance_sampling: Bool = True
-    """For policy_loss=ppo (trick 2, Fig. 7). On: the surrogate uses ratio = pi_theta/pi_rollout, so reusing the buffer for several epochs/minibatches is corrected (and clipped if clip_eps). Off: plain on-policy policy gradient -A*log pi_theta, treating every epoch's data as if freshly sampled (no ratio, no clipping)."""
+    importance_sampling: Literal["rollout", "reference", "off"] = "rollout"
+    """For policy_loss=ppo (trick 2, Fig. 7). `rollout`: standard PPO, ratio = pi_theta/pi_rollout (clipped by clip_eps), every variant's baseline. `reference`: the paper's importance sampling (Sec. 5.3.2): the behaviour distribution is fixed to the reference (SFT) model, ratio = pi_theta/pi_ref with the clip around it ("an infinite experience buffer"). `off`: no ratio, the plain policy gradient -A*log pi_theta (every epoch's data treated as freshly sampled)."""
     apa_lambda: Pos = 0.1
     """APA lambda: loss = mean((log pi - A/lambda - log pi_init)^2); larger stays closer to pi_init (= the reference)."""
     awr_beta: Pos = 2.0
