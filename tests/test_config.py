@@ -139,7 +139,7 @@ def test_train_help_documents_every_flag_in_lines_of_at_most_100_characters():
     out = subprocess.run([sys.executable, "-m", "harness.train", "--help"], capture_output=True, text=True, check=True).stdout
     for key, *_ in iter_fields(TrainConfig):
         assert key in out, key
-    assert "treating every epoch's data as if freshly sampled" in " ".join(out.split())  # a docstring, wrapped
+    assert "every epoch's data treated as freshly sampled" in " ".join(out.split())  # a docstring, wrapped
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
