@@ -9,6 +9,9 @@
 4. build its report PDF (reports.build, = `python -m reports.build NAME`),
 5. print where the PDF is and how to browse the runs in the MLflow UI.
 
+Figures and reports go to results/ (ignored by git), so a run leaves `git status` clean; the
+committed reports/ change only with `python -m reports.build --reference`.
+
 Failed runs do not stop the figures and report (they show what finished); the exit code is
 non-zero when any run failed or a step could not complete.
 """
@@ -22,6 +25,7 @@ from pathlib import Path
 from .config import ConfigError, parse_overrides
 
 DEFAULT_ABLATION = "ablations/score_reparam.yaml"
+RESULTS = "results"  # figures and reports of this run (ignored by git)
 
 
 def _banner(i: int, n: int, text: str) -> None:
@@ -58,21 +62,21 @@ def build_world_if_missing(reg, tracking_uri: str) -> Path | None:
 
 
 def draw_figures(ablation: str, tracking_uri: str) -> list[Path]:
-    """analysis.figures: reports/<name>/figure.png and .pdf, also logged to the parent run.
+    """analysis.figures: results/<name>/figure.png and .pdf, also logged to the parent run.
     `ablation` is the registry file's path or name (analysis resolves both)."""
     from analysis.figures import make_figures
 
-    res = make_figures(ablation, tracking_uri)
+    res = make_figures(ablation, tracking_uri, out=RESULTS)
     for p in res.paths:
         print(f"  wrote {p}")
     return list(res.paths)
 
 
 def build_report(ablation: str, tracking_uri: str, name: str) -> Path | None:
-    """reports.build for this one ablation: reports/<name>/report.pdf (figure, metrics, claims)."""
+    """reports.build for this one ablation: results/<name>/report.pdf (figure, metrics, claims)."""
     from reports.build import build
 
-    res = build([ablation], tracking_uri)
+    res = build([ablation], tracking_uri, RESULTS)
     if res.errors:
         raise RuntimeError("; ".join(f"{k}: {v}" for k, v in res.errors.items()))
     return res.reports.get(name)
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if pdf is not None:
         print(f"report: {pdf.resolve()}")
         print(f"  open it:    xdg-open {pdf}   (macOS: open {pdf})")
-    fig_png = Path("reports", reg.name, "figure.png")
+    fig_png = Path(RESULTS, reg.name, "figure.png")
     if fig_png.exists():
         print(f"figure: {fig_png.resolve()}")
     print(f"runs:   mlflow ui --backend-store-uri {uri}   then http://127.0.0.1:5000 -> experiment {reg.name!r}")
