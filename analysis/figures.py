@@ -343,8 +343,6 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
         handles.append(Line2D([], [], color="0.3", ls="--", marker=".", label="win rate vs SFT (right axis)"))
     if smooth_k and smooth_k > 1 and metric_panels:
         handles.append(Line2D([], [], color="none", label=f"smoothed: rolling mean over {smooth_k} steps"))
-    if data.runs.empty:
-        handles.append(Line2D([], [], color="none", label="no runs in the store for this ablation"))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=legend_columns(handles), frameon=False)
 
@@ -379,8 +377,12 @@ class FigureOutput:
 def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, out: str | Path = "results",
                  log_to_parent: bool = True, ablations_dir: str | Path | None = None,
                  data: AblationData | None = None) -> FigureOutput:
-    """Load, draw, save under out/<ablation>/ and log to the newest parent run."""
+    """Load, draw, save under out/<ablation>/ and log to the newest parent run. An ablation without
+    runs is not drawn (LookupError): empty panels would read as a result."""
     data = data or load_ablation(ablation, tracking_uri, ablations_dir)
+    if data.runs.empty:
+        raise LookupError(f"{data.name}: no runs in {data.tracking_uri}; nothing drawn "
+                          f"(run `python -m harness.ablate {data.name}` first)")
     drawn = draw_ablation(data, smooth_k)
     paths = save_figure(drawn.fig, Path(out) / data.name)
     logged = None
@@ -410,10 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if data.runs.empty:
-        print(f"{data.name}: no runs in {uri}; nothing drawn (run `python -m harness.ablate {data.name}` first)")
+    try:
+        res = make_figures(data.name, uri, args.smooth, args.out, not args.no_log, data=data)
+    except LookupError as e:  # no runs
+        print(e)
         return 1
-    res = make_figures(data.name, uri, args.smooth, args.out, not args.no_log, data=data)
     d = res.data
     print(f"{d.name}: {len(d.runs)} runs, variants: {', '.join(d.variants) or '(none)'}")
     if d.missing_variants:

@@ -24,12 +24,12 @@ import pandas as pd
 
 from harness import keys as K
 from harness import tracking
-from harness.registry import Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry
+from harness.registry import (
+    STANDARD_PANELS, Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry,
+)
 from harness.schema import did_you_mean
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
-STORE_ONLY_PANELS = [K.RM_SCORE, K.LENGTH, K.KL, K.PPL]
-"""What an ablation the registry lacks (read off its runs' tags) draws."""
 RUN_COLUMNS = [
     "run_id", "run_name", "variant", "seed", "status", "role", "collapsed", "collapse_step",
     "start_time", "end_time", "figure", "git_commit", "failure_reason", "stopped_by", "experiment",
@@ -379,7 +379,7 @@ def resolve_spec(ablation: str | Path, tracking_uri: str, ablations_dir: str | P
             raise UnknownAblation(f"unknown ablation {name!r}" + (did_you_mean(name, known) if known else
                                                                   "; the registry and the store hold none")) from None
         return Registry(name=name, figure=next((f for f in runs["figure"] if f), ""), title=name,
-                        variants=[Variant(v, {}) for v in sorted(set(runs["variant"]))], panels=STORE_ONLY_PANELS)
+                        variants=[Variant(v, {}) for v in sorted(set(runs["variant"]))], panels=list(STANDARD_PANELS))
 
 
 def load_ablation(ablation: str | Path | Registry, tracking_uri: str | None = None,

@@ -45,6 +45,8 @@ DEFAULT_SCALE = "world"  # no profile: the file's own settings (the embedded wor
 # Fig. 13's per-step score distributions.
 RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST = "rm_score_diff_hist", "rm_accuracy", "eval_rm_score_hist"
 SPECIAL_PANELS = (RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST)
+STANDARD_PANELS = [K.RM_SCORE, K.LENGTH, K.KL, K.PPL]
+"""The paper's usual four panels: what a file without `panels` (or a store-only ablation) draws."""
 KNOWN_METRICS = tuple(
     K.STEP_METRICS + K.GOLD_METRICS + K.EVAL_METRICS
     + [K.PPL_TOKENS, K.COLLAPSE_STEP, K.COLLAPSE_SIGNALS, K.RM_TRAIN_ACC, K.RM_EVAL_ACC, K.RM_TRAIN_LOSS]
@@ -224,9 +226,9 @@ class FigureFile:
     """The MLflow experiment and the report folder; equals the file stem."""
     figure: Annotated[str, Field(min_length=1)]
     """The paper figure id, e.g. "6" (or "apa")."""
-    order: int
-    """Position in the combined report (the paper's order)."""
-    panels: Annotated[list[Panel], Field(min_length=1)]
+    order: int | None = None
+    """Position in the combined report (the paper's order); files without one go last."""
+    panels: Annotated[list[Panel], Field(min_length=1)] = Field(default_factory=lambda: list(STANDARD_PANELS))
     """What the figure draws, in order: metric keys (harness/keys.py) or special panels."""
     title: str = ""
     """The figure's heading (default: the name)."""
@@ -462,7 +464,8 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
         template = fs.grid.name or " ".join(f"{k}={{{k}}}" for k in axes)
         for field_name in re.findall(r"\{([^{}]+)\}", template):
             if field_name not in axes:
-                problems.append(f"{where}grid.name: {{{field_name}}} is not an axis" + did_you_mean(field_name, list(axes)))
+                problems.append(f"{where}grid.name: {{{field_name}}} is not an axis"
+                                + (did_you_mean(field_name, list(axes)) if axes else ""))
         for point in itertools.product(*axes.values()):
             values = dict(zip(axes, point))
             name = re.sub(r"\{([^{}]+)\}", lambda m: format_axis_value(values.get(m.group(1), m.group(0))), template)
@@ -488,8 +491,8 @@ def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list
             entry = validate(ClaimEntry, raw, source, prefix=f"{where}.")
             kind = entry.rule.get("kind")
             if kind not in RULES:
-                raise schema.ConfigError([f"{source}: {where}.rule.kind: got {kind!r}; allowed: {', '.join(RULES)}"
-                                   + (f" (did you mean {closest(kind, RULES)!r}?)" if closest(kind, RULES) else "")])
+                hint = f" (did you mean {closest(kind, RULES)!r}?)" if closest(kind, RULES) else ""
+                raise schema.ConfigError([f"{source}: {where}.rule.kind: got {kind!r}; allowed: {', '.join(RULES)}{hint}"])
             rule = validate(RULES[kind], entry.rule, source, prefix=f"{where}.rule.")
         except schema.ConfigError as e:
             problems += e.problems
@@ -545,7 +548,8 @@ def load_registry(
             raise RegistryError([f"{src}: this is a sweep (it has search_space); run it with `python -m harness.sweep {path}`"])
         return Registry(name=str(raw.get("name") or path.stem), title=str(raw.get("title") or path.stem), kind="sweep",
                         path=path, description=str(raw.get("description") or ""), base=raw.get("base"))
-    raw["variants"] = [{"name": v} if isinstance(v, str) else v for v in raw.get("variants") or []]
+    if isinstance(raw.get("variants"), list):  # a bare string is a variant with no settings
+        raw["variants"] = [{"name": v} if isinstance(v, str) else v for v in raw["variants"]]
     try:
         fs = validate(FigureFile, raw, src)
     except schema.ConfigError as e:

@@ -5,11 +5,12 @@
 
 Writes OUT/<ablation>/report.pdf per ablation (with its figure.png/.pdf) and OUT/harness-report.pdf
 with all of them, OUT = results/ (ignored by git); `--reference` writes the committed reports/ and
-reports/provenance.json (commit, uncommitted changes, library versions, world hash). Each report: a title page (date, git commit, machine), then per ablation the
-grid (what each variant changes), the figure, final/peak metrics per variant (mean ± sd over
-seeds), the paper's claims with verdicts and numbers, and sample responses from each variant's
-last sampled step. An ABLATION that is a sweep (YAML with `search_space`) gets a section from
-analysis.sweep_plots.sweep_summary when that module exists. No ABLATION: every registry entry
+reports/provenance.json (commit, uncommitted changes, library versions, world hash). Each report:
+a title page (date, git commit, machine), then per ablation the grid (what each variant changes),
+the figure, final/peak metrics per variant (mean ± sd over seeds), its YAML's claims (the paper's,
+or ours) with verdicts and numbers, and sample responses from each variant's last sampled step.
+An ABLATION that is a sweep (YAML with `search_space`) gets a section from
+analysis.sweep_plots.sweep_summary. No ABLATION: every registry entry
 (and store-only experiment). An ablation without runs is skipped with a message, never drawn
 empty, and the combined report is built only when every ablation in it has runs.
 
@@ -22,7 +23,6 @@ import argparse
 import datetime as _dt
 import importlib
 import importlib.metadata as _md
-import inspect
 import json
 import os
 import platform
@@ -422,16 +422,10 @@ def sweep_flowables(sec: Section, st) -> list:
 # Building
 # --------------------------------------------------------------------------------------------
 def load_sweep_summary(spec: Registry, tracking_uri: str, out_dir: Path) -> tuple[dict | None, str | None]:
-    """(summary, None) from analysis.sweep_plots, or (None, why not)."""
+    """(summary, None) from analysis.sweep_plots (imported here: it loads optuna), or (None, why not)."""
     try:
-        mod = importlib.import_module("analysis.sweep_plots")
-    except ModuleNotFoundError as e:
-        if e.name in ("analysis.sweep_plots", "analysis"):
-            return None, "analysis.sweep_plots is not available yet: the sweep section is skipped."
-        raise
-    kwargs = {"out_dir": out_dir} if "out_dir" in inspect.signature(mod.sweep_summary).parameters else {}
-    try:
-        return mod.sweep_summary(str(spec.path), tracking_uri, **kwargs), None
+        return importlib.import_module("analysis.sweep_plots").sweep_summary(str(spec.path), tracking_uri,
+                                                                              out_dir=out_dir), None
     except Exception as e:  # a broken sweep should not take the other sections down
         return None, f"analysis.sweep_plots.sweep_summary failed: {type(e).__name__}: {e}"
 
