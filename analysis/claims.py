@@ -49,9 +49,9 @@ STAT_WORDS = {
     "mean": "mean", "volatility": "step-to-step volatility of", "min": "lowest",
 }
 METRIC_WORDS = {
-    K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity", K.PPL_TOKENS: "perplexity (token-pooled)", K.LENGTH: "length",
-    K.VALUES: "values", K.ADV_RAW_STD: "raw advantage std", K.RM_EVAL_ACC: "RM eval accuracy",
-    K.RM_TRAIN_ACC: "RM train accuracy",
+    K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity",
+    K.PPL_TOKENS: "perplexity (token-pooled)", K.LENGTH: "length", K.VALUES: "values", K.ADV_RAW_STD: "raw advantage std",
+    K.RM_EVAL_ACC: "RM eval accuracy", K.RM_TRAIN_ACC: "RM train accuracy", K.EVAL_WIN_RATE: "win rate vs SFT",
 }
 
 

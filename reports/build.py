@@ -521,8 +521,8 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
             data = load_ablation(name, uri, ablations_dir)
             if not has_runs(data.spec, uri):
                 skipped.append(data.name)
-                print(f"skipped {data.name}: no runs in {uri} (run `python -m harness.ablate {data.name}` first)",
-                      file=sys.stderr)
+                how = f"harness.sweep {data.spec.path}" if data.spec.is_sweep else f"harness.ablate {data.name}"
+                print(f"skipped {data.name}: no runs in {uri} (run `python -m {how}` first)", file=sys.stderr)
                 continue
             sections.append(build_section(data, out, smooth_k, log_figures))
         except (UnknownAblation, RegistryError):
