@@ -560,6 +560,8 @@ def load_registry(
     if fs.name != path.stem:
         problems.append(f"{where}name: {fs.name!r} must equal the file stem {path.stem!r} "
                         "(the name is the MLflow experiment and the report folder)")
+    if len(set(fs.seeds)) != len(fs.seeds):
+        problems.append(f"{where}seeds: got {fs.seeds}; a seed is listed twice")
     cls = None if not resolve else _world_module().WorldConfig if fs.kind == "world" else TrainConfig
     # config.iter_fields lists the keys while TrainConfig/WorldConfig are plain dataclasses;
     # schema.leaf_keys(cls) once they are schema sections.
