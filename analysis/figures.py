@@ -1,16 +1,17 @@
 """The paper-style figure of one ablation, drawn from the MLflow store alone.
 
-    python -m analysis.figures ABLATION [--tracking-uri URI] [--smooth K] [--out reports/]
+    python -m analysis.figures ABLATION [--tracking-uri URI] [--smooth K] [--out results/]
 
-One panel per metric over training steps (panels and order from the registry YAML, else the
-paper's, paper-notes section 3), one colored line per variant = mean over seeds, a shaded
+One panel per metric over training steps (panels and order from the ablation's YAML), one
+colored line per variant = mean over seeds, a shaded
 min-max band over seeds, an X where a run's collapse was detected (metric collapse/step, else
 the run's last step when only the tag harness.collapsed=true says so). When the runs log a gold
-reward, a "Gold reward" panel follows the reward panel; Fig. 4 puts the win rate vs SFT on the
-reward panel's right axis. Special panels: rm_score_diff_hist (Fig. 2), rm_accuracy (Fig. 3),
+reward, a "Gold reward" panel follows the reward panel; a figure whose panels hold both the reward
+and the win rate vs SFT draws the win rate on the reward panel's right axis (Fig. 4). Special panels: rm_score_diff_hist (Fig. 2), rm_accuracy (Fig. 3),
 eval_rm_score_hist (Fig. 13, one ridge per eval step, one panel per variant).
 
-Writes reports/<ablation>/figure.png and .pdf and logs both to the newest parent run of the
+Writes results/<ablation>/figure.png and .pdf (the committed reports/ are rebuilt only by
+`python -m reports.build --reference`) and logs both to the newest parent run of the
 ablation (artifact folder figures/). Sized for a printed A4/Letter page at full text width.
 """
 from __future__ import annotations
@@ -30,11 +31,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
-from analysis.spec import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, UnknownAblation
 from analysis.store import AblationData, default_tracking_uri, load_ablation
 from analysis.summary import seed_band
 from harness import keys as K
 from harness import tracking
+from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, RegistryError, UnknownAblation
 
 # Panel titles in the paper's wording.
 PANEL_LABELS = {
@@ -100,9 +101,9 @@ def grid_shape(n: int) -> tuple[int, int]:
 
 def figure_panels(data: AblationData) -> list[str]:
     """The registry's panels, plus gold reward after reward when runs log it, and one
-    eval_rm_score_hist panel per variant; Fig. 4's win-rate panel moves onto the reward panel."""
+    eval_rm_score_hist panel per variant; a win-rate panel beside a reward panel moves onto it."""
     panels = list(data.spec.panels)
-    if data.spec.figure == "4" and K.RM_SCORE in panels and K.EVAL_WIN_RATE in panels:
+    if K.RM_SCORE in panels and K.EVAL_WIN_RATE in panels:
         panels.remove(K.EVAL_WIN_RATE)  # drawn on the reward panel's right axis, as in the paper
     have = data.available_metrics() if not data.runs.empty else set()
     if K.RM_SCORE in panels and K.GOLD_SCORE in have and K.GOLD_SCORE not in panels:
@@ -168,7 +169,7 @@ def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, s
 
 
 def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> Axes | None:
-    """Win rate vs SFT on a right axis (Fig. 4), dashed, same colors."""
+    """Win rate vs SFT on the reward panel's right axis (Fig. 4), dashed, same colors."""
     band = seed_band(data.metrics(K.EVAL_WIN_RATE), K.EVAL_WIN_RATE, smooth_k)
     if band.empty:
         return None
@@ -310,7 +311,7 @@ def draw_ablation(data: AblationData, smooth_k: int = 1, panels: list[str] | Non
                 draw_eval_rm_score_hist(ax, data, which or None)
             else:
                 draw_metric_panel(ax, data, panel, colors, smooth_k)
-                if panel == K.RM_SCORE and data.spec.figure == "4":
+                if panel == K.RM_SCORE and K.EVAL_WIN_RATE in data.spec.panels:
                     right = draw_win_rate(ax, data, colors, smooth_k)
                     if right is not None:
                         axes[f"{K.EVAL_WIN_RATE} (right axis)"] = right
@@ -342,8 +343,6 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
         handles.append(Line2D([], [], color="0.3", ls="--", marker=".", label="win rate vs SFT (right axis)"))
     if smooth_k and smooth_k > 1 and metric_panels:
         handles.append(Line2D([], [], color="none", label=f"smoothed: rolling mean over {smooth_k} steps"))
-    if data.runs.empty:
-        handles.append(Line2D([], [], color="none", label="no runs in the store for this ablation"))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=legend_columns(handles), frameon=False)
 
@@ -375,11 +374,15 @@ class FigureOutput:
     """Parent run id the files were logged to (None: no parent run, or logging off)."""
 
 
-def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, out: str | Path = "reports",
+def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, out: str | Path = "results",
                  log_to_parent: bool = True, ablations_dir: str | Path | None = None,
                  data: AblationData | None = None) -> FigureOutput:
-    """Load, draw, save under out/<ablation>/ and log to the newest parent run."""
+    """Load, draw, save under out/<ablation>/ and log to the newest parent run. An ablation without
+    runs is not drawn (LookupError): empty panels would read as a result."""
     data = data or load_ablation(ablation, tracking_uri, ablations_dir)
+    if data.runs.empty:
+        raise LookupError(f"{data.name}: no runs in {data.tracking_uri}; nothing drawn "
+                          f"(run `python -m harness.ablate {data.name}` first)")
     drawn = draw_ablation(data, smooth_k)
     paths = save_figure(drawn.fig, Path(out) / data.name)
     logged = None
@@ -399,16 +402,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
     ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps per run (default 1 = raw)")
-    ap.add_argument("--out", default="reports", help="output root; files go to OUT/<ablation>/ (default reports/)")
+    ap.add_argument("--out", default="results", help="output root; files go to OUT/<ablation>/ (default results/)")
     ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
     args = ap.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
     try:
-        res = make_figures(args.ablation, uri, args.smooth, args.out, not args.no_log, args.ablations_dir)
-    except UnknownAblation as e:
+        data = load_ablation(args.ablation, uri, args.ablations_dir)
+    except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        res = make_figures(data.name, uri, args.smooth, args.out, not args.no_log, data=data)
+    except LookupError as e:  # no runs
+        print(e)
+        return 1
     d = res.data
     print(f"{d.name}: {len(d.runs)} runs, variants: {', '.join(d.variants) or '(none)'}")
     if d.missing_variants:

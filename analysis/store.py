@@ -22,12 +22,12 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.spec import (
-    AblationSpec, UnknownAblation, known_ablations, load_spec, match_variant, order_variants, spec_from_dict,
-    unknown_message,
-)
 from harness import keys as K
 from harness import tracking
+from harness.registry import (
+    STANDARD_PANELS, Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry,
+)
+from harness.schema import did_you_mean
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
 RUN_COLUMNS = [
@@ -291,7 +291,7 @@ def load_rm_score_diff(tracking_uri: str, run_id: str) -> list[float]:
 class AblationData:
     """An ablation's spec and runs; step metrics and artifacts are read on first use and cached."""
 
-    spec: AblationSpec
+    spec: Registry
     tracking_uri: str
     runs: pd.DataFrame
     parent_run_id: str | None
@@ -306,14 +306,15 @@ class AblationData:
 
     @property
     def variants(self) -> list[str]:
-        """Variant names as the runs spell them, in the registry's order."""
-        return order_variants(self.spec.variant_names, list(self.runs["variant"]))
+        """Variants with runs, in the registry's order; names only the runs know go last (sorted)."""
+        have = set(self.runs["variant"])
+        return [v for v in self.spec.variant_names if v in have] + sorted(have - set(self.spec.variant_names))
 
     @property
     def missing_variants(self) -> list[str]:
         """Registry variants that no run carries."""
-        have = list(self.runs["variant"])
-        return [v for v in self.spec.variant_names if match_variant(v, have) is None]
+        have = set(self.runs["variant"])
+        return [v for v in self.spec.variant_names if v not in have]
 
     def _metric_keys_per_run(self) -> list[set[str]]:
         if self._run_keys is None:
@@ -363,29 +364,29 @@ class AblationData:
         return last_samples(self.tracking_uri, self.runs, per_run)
 
 
-def resolve_spec(ablation: str | Path, tracking_uri: str, ablations_dir: str | Path | None = None) -> AblationSpec:
-    """The registry entry for `ablation` (name or YAML path). A name the registry lacks but the
-    store holds (runs logged before the YAML existed, or by hand) gets a spec read off the runs'
-    tags; otherwise UnknownAblation names the registry's and the store's ablations."""
+def resolve_spec(ablation: str | Path, tracking_uri: str, ablations_dir: str | Path | None = None) -> Registry:
+    """The registry entry for `ablation` (name or YAML path), read without resolving train
+    configs. A name the registry lacks but the store holds (runs logged before the YAML existed,
+    or by hand) gets a spec read off the runs' tags; otherwise UnknownAblation names the closest
+    of the registry's and the store's ablations."""
     try:
-        return load_spec(ablation, ablations_dir)
+        return load_registry(find_ablation(ablation, ablations_dir), resolve=False)
     except UnknownAblation:
         name = str(ablation)
-        if Path(name).suffix in (".yaml", ".yml"):
-            raise
-        runs = find_runs(tracking_uri, name, world_fallback=False)
+        runs = pd.DataFrame() if Path(name).suffix in (".yaml", ".yml") else find_runs(tracking_uri, name)
         if runs.empty:
-            known = sorted(set(known_ablations(ablations_dir)) | set(ablations_in_store(tracking_uri)))
-            raise UnknownAblation(unknown_message(name, known)) from None
-        figure = next((f for f in runs["figure"] if f), "")
-        return spec_from_dict({"name": name, "figure": figure, "variants": sorted(set(runs["variant"]))})
+            known = sorted(set(ablation_names(ablations_dir)) | set(ablations_in_store(tracking_uri)))
+            raise UnknownAblation(f"unknown ablation {name!r}" + (did_you_mean(name, known) if known else
+                                                                  "; the registry and the store hold none")) from None
+        return Registry(name=name, figure=next((f for f in runs["figure"] if f), ""), title=name,
+                        variants=[Variant(v, {}) for v in sorted(set(runs["variant"]))], panels=list(STANDARD_PANELS))
 
 
-def load_ablation(ablation: str | Path | AblationSpec, tracking_uri: str | None = None,
+def load_ablation(ablation: str | Path | Registry, tracking_uri: str | None = None,
                   ablations_dir: str | Path | None = None) -> AblationData:
     """Spec + runs + newest parent run of one ablation; metrics load lazily via `.metrics(keys)`."""
     uri = tracking_uri or default_tracking_uri()
-    spec = ablation if isinstance(ablation, AblationSpec) else resolve_spec(ablation, uri, ablations_dir)
+    spec = ablation if isinstance(ablation, Registry) else resolve_spec(ablation, uri, ablations_dir)
     runs = find_runs(uri, spec.name, world_fallback=spec.kind == "world")
     if spec.kind == "world" and len(spec.variants) == 1 and not runs.empty and set(runs["experiment"]) == {WORLD_EXPERIMENT}:
         # The fallback world runs of a one-RM figure (Fig. 3): the newest world is that RM.

@@ -1,15 +1,18 @@
-"""The main job (`make run`): world -> ablation -> figures -> report PDF, with progress shown.
+"""The main job (`make run`): world -> ablation -> figure and report PDF, with progress shown.
 
     python -m harness.main                                   # Fig. 6 (score_reparam), 2 workers
     python -m harness.main --ablation ablations/kl_eta.yaml --workers 2
 
 1. build the embedded world if it is missing (cached: a built world is reused at once),
 2. run the ablation grid (`python -m harness.ablate`; rerunning resumes it),
-3. draw its figure (analysis.figures, = `python -m analysis.figures NAME`),
-4. build its report PDF (reports.build, = `python -m reports.build NAME`),
-5. print where the PDF is and how to browse the runs in the MLflow UI.
+3. draw its figure and build its report PDF (reports.build, = `python -m reports.build NAME`;
+   the figure alone is `python -m analysis.figures NAME`),
+4. print where the PDF is and how to browse the runs in the MLflow UI.
 
-Failed runs do not stop the figures and report (they show what finished); the exit code is
+Figures and reports go to results/ (ignored by git), so a run leaves `git status` clean; the
+committed reports/ change only with `python -m reports.build --reference`.
+
+Failed runs do not stop the figure and report (they show what finished); the exit code is
 non-zero when any run failed or a step could not complete.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from .config import ConfigError, parse_overrides
 
 DEFAULT_ABLATION = "ablations/score_reparam.yaml"
+RESULTS = "results"  # figures and reports of this run (ignored by git)
 
 
 def _banner(i: int, n: int, text: str) -> None:
@@ -57,22 +61,12 @@ def build_world_if_missing(reg, tracking_uri: str) -> Path | None:
     return Path(dirs[0])
 
 
-def draw_figures(ablation: str, tracking_uri: str) -> list[Path]:
-    """analysis.figures: reports/<name>/figure.png and .pdf, also logged to the parent run.
-    `ablation` is the registry file's path or name (analysis resolves both)."""
-    from analysis.figures import make_figures
-
-    res = make_figures(ablation, tracking_uri)
-    for p in res.paths:
-        print(f"  wrote {p}")
-    return list(res.paths)
-
-
 def build_report(ablation: str, tracking_uri: str, name: str) -> Path | None:
-    """reports.build for this one ablation: reports/<name>/report.pdf (figure, metrics, claims)."""
+    """reports.build for this one ablation: results/<name>/report.pdf (figure, metrics, claims) and
+    results/<name>/figure.png|pdf, also logged to the parent run; None when the store holds no run of it."""
     from reports.build import build
 
-    res = build([ablation], tracking_uri)
+    res = build([ablation], tracking_uri, RESULTS)
     if res.errors:
         raise RuntimeError("; ".join(f"{k}: {v}" for k, v in res.errors.items()))
     return res.reports.get(name)
@@ -116,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in reg.warnings:
         print(f"warning: {line}", file=sys.stderr)
     uri = args.tracking_uri
-    steps = 4
+    steps = 3
     print(f"main job: {reg.name} (Fig. {reg.figure}): {reg.title}")
     print(f"  {len(reg.runs)} runs, est. {ablate.estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes, "
           f"{args.workers} worker(s); MLflow store {uri}")
@@ -136,14 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return result.exit_code
     problems_after: list[str] = []
 
-    _banner(3, steps, f"figure: python -m analysis.figures {reg.name}")
-    try:
-        draw_figures(str(reg.path), uri)
-    except Exception as e:  # noqa: BLE001 - still try the report, then say what failed
-        problems_after.append(f"figures: {type(e).__name__}: {e}")
-        print(f"  FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-
-    _banner(4, steps, f"report: python -m reports.build {reg.name}")
+    _banner(3, steps, f"figure and report: python -m reports.build {reg.name}")
     pdf = None
     try:
         pdf = build_report(str(reg.path), uri, reg.name)
@@ -155,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if pdf is not None:
         print(f"report: {pdf.resolve()}")
         print(f"  open it:    xdg-open {pdf}   (macOS: open {pdf})")
-    fig_png = Path("reports", reg.name, "figure.png")
+    fig_png = Path(RESULTS, reg.name, "figure.png")
     if fig_png.exists():
         print(f"figure: {fig_png.resolve()}")
     print(f"runs:   mlflow ui --backend-store-uri {uri}   then http://127.0.0.1:5000 -> experiment {reg.name!r}")

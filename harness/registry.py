@@ -1,17 +1,21 @@
-"""The ablation registry: one YAML per paper figure under `ablations/` (format in docs/CONTRACTS.md).
+"""The ablation registry: one YAML per paper figure under `ablations/`, read by one loader.
 
-A registry file names a figure, a base config (`ablations/bases/*.yaml`), overrides shared by every
-run (`set`), the seeds, and the grid: a list of named `variants` (each optionally `inherit`ing an
-earlier one) and/or a product over `grid.axes`. `profiles` hold other scales (`--scale paper`).
+A figure file holds everything about the figure: its grid (a base config, overrides shared by
+every run in `set`, the seeds, named `variants` each optionally `inherit`ing an earlier one and/or
+a product over `grid.axes`), other scales in `profiles` (`--scale paper`), the `panels` to draw,
+the `claims` to check (each the paper's, with its section, or `source: ours`), settings the paper
+does not state (`inferred`) and the figure's place in the combined report (`order`).
 
     reg = load_registry("ablations/score_reparam.yaml")
     for run in reg.runs:          # one RunSpec per variant x seed, config resolved and validated
         print(run.variant, run.seed, run.config_hash, run.changed)
+    spec = load_registry(path, resolve=False)   # figures/reports: no train config resolved
 
-Everything is resolved and validated here, before anything runs: every top-level / variant /
-grid / profile key is checked (unknown ones name the closest valid key), and every variant x seed
-config goes through `harness.config.from_dict` (or the world's `WorldConfig` for `kind: world`).
-Problems from all variants are reported together, each prefixed with the file and variant.
+The file's shape goes through harness.schema (unknown keys, bad values, a claim naming a variant
+the grid lacks: each a line naming file, field, value and the closest valid name). With
+`resolve=True` (the runner) every variant x seed config also goes through
+`harness.config.from_dict` (or the world's validator for `kind: world`); analysis reads with
+`resolve=False`, so an old store still draws after the trainer's config has moved on.
 
 Order in which settings apply (later wins):
   base file -> profile overlay file -> `set` -> profile `set` -> variant (`inherit` chain, then its
@@ -20,59 +24,262 @@ Order in which settings apply (later wins):
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import re
 import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import AfterValidator, Field
 
 from . import keys as K
-from .config import ConfigError, TrainConfig, config_hash, flatten, from_dict, iter_fields, merge, read_yaml, to_dict
+from . import schema
+from .config import ConfigError, TrainConfig, config_hash, flatten, from_dict, iter_fields, merge, to_dict
+from .schema import closest, did_you_mean, read_yaml, section, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS_DIR = REPO_ROOT / "ablations"
-
-KINDS = ("train", "world")
-TOP_KEYS = ("name", "figure", "title", "description", "kind", "base", "set", "seeds", "variants", "grid", "panels", "profiles")
-VARIANT_KEYS = ("name", "inherit", "set", "description")
-GRID_KEYS = ("name", "axes")
-PROFILE_KEYS = ("description", "overlay", "set", "seeds", "variant_set")
 DEFAULT_SCALE = "world"  # no profile: the file's own settings (the embedded world on CPU)
 
-# Panels beside metric keys (docs/CONTRACTS.md).
-SPECIAL_PANELS = ("rm_score_diff_hist", "rm_accuracy", "eval_rm_score_hist")
+# Panels beside metric keys: Fig. 2's score-difference histogram, Fig. 3's accuracy curves,
+# Fig. 13's per-step score distributions.
+RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST = "rm_score_diff_hist", "rm_accuracy", "eval_rm_score_hist"
+SPECIAL_PANELS = (RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST)
+STANDARD_PANELS = [K.RM_SCORE, K.LENGTH, K.KL, K.PPL]
+"""The paper's usual four panels: what a file without `panels` (or a store-only ablation) draws."""
 KNOWN_METRICS = tuple(
     K.STEP_METRICS + K.GOLD_METRICS + K.EVAL_METRICS
-    + [K.COLLAPSE_STEP, K.COLLAPSE_SIGNALS, K.RM_TRAIN_ACC, K.RM_EVAL_ACC, K.RM_TRAIN_LOSS]
+    + [K.PPL_TOKENS, K.COLLAPSE_STEP, K.COLLAPSE_SIGNALS, K.RM_TRAIN_ACC, K.RM_EVAL_ACC, K.RM_TRAIN_LOSS]
 )
 
 
 class RegistryError(ConfigError):
-    """A registry file that cannot be expanded; lists every problem found, one per line."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__(problems)
-        self.args = ("invalid ablation registry:\n  - " + "\n  - ".join(problems),)
+    """A registry file that cannot be expanded; lists every problem found, one per line.
+    (A harness.config.ConfigError, which is harness.schema's once config moves onto schema.)"""
 
     def __str__(self) -> str:
-        return self.args[0]
+        return "invalid ablation registry:\n  - " + "\n  - ".join(self.problems)
+
+
+class UnknownAblation(LookupError):
+    """An ablation name or path the registry does not hold; the message names the closest one."""
 
 
 # --------------------------------------------------------------------------------------------
-# Data
+# The file's schema
 # --------------------------------------------------------------------------------------------
-@dataclass
+def _one_of(options: tuple[str, ...], what: str):
+    def check(value: str) -> str:
+        if value not in options:
+            raise ValueError(f"not {what}" + did_you_mean(value, options))
+        return value
+    return AfterValidator(check)
+
+
+MetricKey = Annotated[str, _one_of(KNOWN_METRICS, "a metric key of harness/keys.py")]
+Panel = Annotated[str, _one_of(KNOWN_METRICS + SPECIAL_PANELS, "a metric key (harness/keys.py) or a special panel")]
+Stat = Literal["final", "initial", "rise", "peak", "mean", "volatility", "min"]
+"""How one run's curve becomes one number (analysis.summary.reduce_run): final = mean of the last
+10% of steps, rise = final - initial, volatility = mean |step-to-step change|."""
+
+
+@section
+class VariantEntry:
+    name: Annotated[str, Field(min_length=1)]
+    """The legend text; also the MLflow tag harness.variant and (slugged) the run name."""
+    inherit: str | None = None
+    """An earlier variant whose settings this one starts from."""
+    set: dict[str, Any] = Field(default_factory=dict)
+    """Config overrides (dotted or nested keys)."""
+    description: str = ""
+    """Free text for readers."""
+
+
+@section
+class Grid:
+    axes: Annotated[dict[str, list[Any]], Field(min_length=1)]
+    """Config key -> values; one variant per point of the product."""
+    name: str | None = None
+    """Legend template with {axis key} fields, e.g. "η={ppo.kl_coef}"."""
+
+
+@section
+class Profile:
+    description: str = ""
+    """What this scale is for."""
+    overlay: str | None = None
+    """A config file laid over the base (e.g. bases/paper.yaml)."""
+    set: dict[str, Any] = Field(default_factory=dict)
+    """Overrides for every run at this scale."""
+    seeds: list[int] | None = None
+    """Seeds at this scale (default: the file's)."""
+    variant_set: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Variant name -> overrides for that variant at this scale."""
+
+
+@section
+class Compare:
+    """`stat` of `metric` is lower for variant `lower` than for variant `higher`."""
+
+    metric: MetricKey
+    """What is compared."""
+    lower: str
+    """The variant claimed lower."""
+    higher: str
+    """The variant claimed higher."""
+    stat: Stat = "final"
+    """How each run's curve becomes one number."""
+    kind: Literal["compare"] = "compare"
+
+
+@section
+class Similar:
+    """`stat` of `metric` does not tell the `variants` apart (every pair within the seed spread)."""
+
+    metric: MetricKey
+    """What is compared."""
+    variants: Annotated[list[str], Field(min_length=2)]
+    """The variants claimed alike."""
+    stat: Stat = "final"
+    """How each run's curve becomes one number."""
+    kind: Literal["similar"] = "similar"
+
+
+@section
+class Trend:
+    """`stat` of `metric` moves in `direction` as the config key `axis` grows across variants."""
+
+    metric: MetricKey
+    """What moves."""
+    axis: str
+    """A config key the variants set to numbers (e.g. ppo.kl_coef)."""
+    direction: Literal["increasing", "decreasing"]
+    """The claimed direction."""
+    stat: Stat = "final"
+    """How each run's curve becomes one number."""
+    kind: Literal["trend"] = "trend"
+
+
+@section
+class Threshold:
+    """`stat` of `metric` is above (op ">") or below ("<") `value`, for `variant` (null: every variant)."""
+
+    metric: MetricKey
+    """What is compared."""
+    op: Literal[">", "<"]
+    """Above or below."""
+    value: float
+    """The threshold."""
+    stat: Stat = "final"
+    """How each run's curve becomes one number."""
+    variant: str | None = None
+    """The variant (null: every variant with runs)."""
+    kind: Literal["threshold"] = "threshold"
+
+
+@section
+class Collapses:
+    """Runs of `variant` are marked collapsed (expected true) or not (expected false)."""
+
+    variant: str
+    """The variant."""
+    expected: bool = True
+    """Whether the claim is that it collapses."""
+    kind: Literal["collapses"] = "collapses"
+
+
+@section
+class PairsAboveChance:
+    """Each reward model orders more than half of the held-out pairs as the labeler did (Fig. 2)."""
+
+    kind: Literal["pairs_above_chance"] = "pairs_above_chance"
+
+
+@section
+class EvalScoresShift:
+    """The held-out RM-score distribution's `what` grows from the first to the last eval step (Fig. 13)."""
+
+    what: Literal["mean", "sd"] = "mean"
+    """Which moment grows."""
+    kind: Literal["eval_scores_shift"] = "eval_scores_shift"
+
+
+RULES: dict[str, type] = {c.__name__.lower(): c for c in (Compare, Similar, Trend, Threshold, Collapses)}
+RULES |= {"pairs_above_chance": PairsAboveChance, "eval_scores_shift": EvalScoresShift}
+
+
+@section
+class ClaimEntry:
+    statement: Annotated[str, Field(min_length=1)]
+    """The claim in words (the paper's, paraphrased, for `source: paper`)."""
+    source: Literal["paper", "ours"]
+    """paper: the paper states it (give its `section`); ours: our own extra check."""
+    rule: dict[str, Any]
+    """How the verdict is reached: `kind` (one of RULES) and that rule's parameters."""
+    section: str | None = None
+    """The paper's section, e.g. "5.3.1" (required for source: paper)."""
+
+
+@section
+class FigureFile:
+    name: str
+    """The MLflow experiment and the report folder; equals the file stem."""
+    figure: Annotated[str, Field(min_length=1)]
+    """The paper figure id, e.g. "6" (or "apa")."""
+    order: int | None = None
+    """Position in the combined report (the paper's order); files without one go last."""
+    panels: Annotated[list[Panel], Field(min_length=1)] = Field(default_factory=lambda: list(STANDARD_PANELS))
+    """What the figure draws, in order: metric keys (harness/keys.py) or special panels."""
+    title: str = ""
+    """The figure's heading (default: the name)."""
+    description: str = ""
+    """What the grid shows, for readers."""
+    inferred: list[str] = Field(default_factory=list)
+    """Settings the paper does not state that this file assumes; printed in the report."""
+    kind: Literal["train", "world"] = "train"
+    """train: PPO runs; world: embedded-world builds (reward models)."""
+    base: str | None = None
+    """The train config every run starts from (relative to this file or ablations/)."""
+    set: dict[str, Any] = Field(default_factory=dict)
+    """Overrides shared by every run."""
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    """Seeds of every variant."""
+    variants: list[VariantEntry] = Field(default_factory=list)
+    """Named variants."""
+    grid: Grid | None = None
+    """A product of axes (after the named variants)."""
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+    """Other scales, e.g. paper."""
+    claims: list[dict[str, Any]] = Field(default_factory=list)
+    """Claims checked against the runs (ClaimEntry each)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The loaded registry
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
 class Variant:
     name: str
     settings: dict[str, Any]
     """Dotted config key -> value (inherit chain resolved, grid point included)."""
 
 
-@dataclass
+@dataclasses.dataclass
+class Claim:
+    statement: str
+    source: str
+    """paper | ours"""
+    section: str | None
+    rule: Any
+    """One of the RULES sections."""
+
+    @property
+    def cited(self) -> str:
+        """'paper 5.3.1' or 'ours'."""
+        return f"paper {self.section}" if self.source == "paper" else "ours"
+
+
+@dataclasses.dataclass
 class RunSpec:
     """One run of the grid: a variant at a seed, with its resolved and validated config."""
 
@@ -90,30 +297,46 @@ class RunSpec:
         return f"{slug(self.variant)}-s{self.seed}"
 
 
-@dataclass
+@dataclasses.dataclass
 class Registry:
-    path: Path
     name: str
-    figure: str
-    title: str
-    kind: str
-    base: Path | None
-    seeds: list[int]
-    variants: list[Variant]
-    panels: list[str]
-    profiles: list[str]
-    scale: str
-    common: Any
-    """The config every variant starts from (base + overlay + set + profile set + --set), seed 0."""
-    common_changes: dict[str, Any]
-    """Flat key -> value where `common` differs from the bare base file."""
-    runs: list[RunSpec] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    figure: str = ""
+    title: str = ""
+    kind: str = "train"
+    """train | world | sweep (a sweep file read for its report: harness.sweep validates the rest)."""
+    path: Path | None = None
+    base: str | None = None
+    """The base file as the YAML names it."""
+    seeds: list[int] = dataclasses.field(default_factory=list)
+    variants: list[Variant] = dataclasses.field(default_factory=list)
+    panels: list[str] = dataclasses.field(default_factory=list)
+    claims: list[Claim] = dataclasses.field(default_factory=list)
+    order: int | None = None
+    inferred: list[str] = dataclasses.field(default_factory=list)
     description: str = ""
+    shared: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The top-level `set`, flat: overrides every variant shares."""
+    profiles: list[str] = dataclasses.field(default_factory=list)
+    scale: str = DEFAULT_SCALE
+    common: Any = None
+    """The config every variant starts from (base + overlay + set + profile set + --set), seed 0;
+    None when read with resolve=False."""
+    common_changes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Flat key -> value where `common` differs from the bare base file."""
+    runs: list[RunSpec] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def steps(self) -> int:
         return int(getattr(getattr(self.common, "ppo", None), "steps", 0) or 0)
+
+    @property
+    def variant_names(self) -> list[str]:
+        return [v.name for v in self.variants]
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.kind == "sweep"
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,137 +355,10 @@ def slug(name: str) -> str:
 
 
 def format_axis_value(v: Any) -> str:
-    """How a grid axis value appears in a variant name; analysis.spec uses the same function, since
-    variant names are the join key between runs and figures."""
+    """How a grid axis value appears in a variant name (the join key between runs and figures)."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    if v is None:
-        return "null"
-    return str(v)
-
-
-def closest(word: str, options: list[str] | tuple[str, ...], n: int = 1) -> list[str]:
-    return difflib.get_close_matches(str(word), list(options), n=n, cutoff=0.5)
-
-
-def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
-    c = closest(word, options)
-    return f"did you mean {c[0]!r}?" if c else f"valid: {', '.join(options)}"
-
-
-# --------------------------------------------------------------------------------------------
-# Config keys
-# --------------------------------------------------------------------------------------------
-def _world_module():
-    try:
-        from .world import config as world_config
-    except ImportError as e:  # pragma: no cover - only while the world package is missing
-        raise RegistryError([f"kind: world needs harness.world (the embedded world builder), which cannot be imported: {e}"]) from None
-    return world_config
-
-
-def validate_config(data: dict[str, Any], cls: type) -> Any:
-    """from_dict for TrainConfig; the world's own validator (with its cross-checks) for WorldConfig."""
-    if cls is TrainConfig:
-        return from_dict(data, cls)
-    return _world_module().world_config_from_dict(data)
-
-
-def run_config_hash(cfg: Any) -> str:
-    """harness.config_hash for train runs; the world's cache key for world runs."""
-    if isinstance(cfg, TrainConfig):
-        return config_hash(cfg)
-    return _world_module().world_config_hash(cfg)
-
-
-def _config_class(kind: str):
-    return _world_module().WorldConfig if kind == "world" else TrainConfig
-
-
-def _leaf_keys(cls: type) -> list[str]:
-    return [k for k, *_ in iter_fields(cls)]
-
-
-def _key_problem(key: str, leaves: list[str]) -> str:
-    """'ppo.kl_cof' -> "unknown config key; did you mean 'ppo.kl_coef'?" (also finds 'kl_coef')."""
-    close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.6)
-    if not close:  # a bare or misplaced field name: match on the last part
-        last = key.split(".")[-1]
-        by_last = {k.split(".")[-1]: k for k in leaves}
-        c = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.6)
-        close = [by_last[c[0]]] if c else []
-    hint = f"did you mean {close[0]!r}?" if close else "every key is listed in harness/config.py"
-    return f"unknown config key; {hint}"
-
-
-def flat_settings(data: Any, leaves: list[str], where: str, problems: list[str]) -> dict[str, Any]:
-    """Nested or dotted overrides -> {dotted leaf key: value}; unknown keys become problems.
-
-    Dotted (`ppo.kl_coef: 0.1`) and nested (`ppo: {kl_coef: 0.1}`) spellings both work; a leaf
-    whose value is itself a mapping (logging.tags) is kept whole.
-    """
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        problems.append(f"{where}: expected a mapping of config keys to values, got {data!r}")
-        return {}
-    leafset = set(leaves)
-    sections = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
-    out: dict[str, Any] = {}
-
-    def walk(d: dict[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            path = f"{prefix}{k}"
-            if path in leafset:
-                out[path] = v
-            elif path in sections and isinstance(v, dict):
-                walk(v, path + ".")
-            else:
-                problems.append(f"{where}: {path}: {_key_problem(path, leaves)}")
-
-    walk(data, "")
-    return out
-
-
-def _nested(flat: dict[str, Any]) -> dict[str, Any]:
-    return merge({}, flat)
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
-def _resolve_file(ref: Any, reg_path: Path, what: str, problems: list[str]) -> Path | None:
-    """A path relative to the registry file's folder; falls back to the repo's ablations/ so a
-    registry written elsewhere (a test's tmp dir) can still say `base: bases/vanilla.yaml`."""
-    if ref in (None, ""):
-        return None
-    if not isinstance(ref, str):
-        problems.append(f"{what}: expected a file path, got {ref!r}")
-        return None
-    p = Path(ref).expanduser()
-    candidates = [p] if p.is_absolute() else [reg_path.parent / p, ABLATIONS_DIR / p]
-    for c in candidates:
-        if c.is_file():
-            return c
-    problems.append(f"{what}: {ref!r}: file not found (looked in {', '.join(str(c.parent) for c in candidates)})")
-    return None
-
-
-def _check_keys(d: dict[str, Any], allowed: tuple[str, ...], where: str, problems: list[str]) -> None:
-    for k in d:
-        if k not in allowed:
-            problems.append(f"{where}{k}: unknown key; {_did_you_mean(str(k), allowed)}")
-
-
-def _seed_list(raw: Any, where: str, problems: list[str]) -> list[int]:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = [raw]
-    if not isinstance(raw, list) or not raw or not all(isinstance(s, int) and not isinstance(s, bool) for s in raw):
-        problems.append(f"{where}: expected a non-empty list of integer seeds, e.g. [0, 1, 2]; got {raw!r}")
-        return [0]
-    if len(set(raw)) != len(raw):
-        problems.append(f"{where}: seed listed twice in {raw}")
-    return list(raw)
+    return "null" if v is None else str(v)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -283,80 +379,146 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def _expand_variants(raw: dict[str, Any], leaves: list[str], where: str, problems: list[str]) -> list[Variant]:
-    variants: list[Variant] = []
-    by_name: dict[str, Variant] = {}
-    items = raw.get("variants")
-    if items is not None and not isinstance(items, list):
-        problems.append(f"{where}variants: expected a list of {{name, set, inherit}} entries, got {type(items).__name__}")
-        items = []
-    for i, item in enumerate(items or []):
-        if isinstance(item, str):
-            item = {"name": item}
-        if not isinstance(item, dict):
-            problems.append(f"{where}variants[{i}]: expected a mapping with a name, got {item!r}")
-            continue
-        _check_keys(item, VARIANT_KEYS, f"{where}variants[{i}].", problems)
-        name = item.get("name")
-        if not isinstance(name, str) or not name.strip():
-            problems.append(f"{where}variants[{i}]: needs a `name` (the paper's legend text)")
-            continue
-        settings: dict[str, Any] = {}
-        parent = item.get("inherit")
-        if parent is not None:
-            if parent not in by_name:
-                hint = _did_you_mean(str(parent), list(by_name)) if by_name else "none is listed above it"
-                problems.append(f"{where}variant {name!r}: inherit {parent!r}: no variant of that name above this one ({hint})")
+# --------------------------------------------------------------------------------------------
+# Config keys and values
+# --------------------------------------------------------------------------------------------
+def _world_module():
+    from .world import config as world_config
+
+    return world_config
+
+
+def validate_config(data: dict[str, Any], cls: type) -> Any:
+    """from_dict for TrainConfig; the world's own validator (with its cross-checks) for WorldConfig."""
+    if cls is TrainConfig:
+        return from_dict(data, cls)
+    return _world_module().world_config_from_dict(data)
+
+
+def run_config_hash(cfg: Any) -> str:
+    """harness.config_hash for train runs; the world's cache key for world runs."""
+    return config_hash(cfg) if isinstance(cfg, TrainConfig) else _world_module().world_config_hash(cfg)
+
+
+def with_runner_settings(cfg: Any, settings: dict[str, Any]) -> Any:
+    """cfg with dotted `settings` applied, validated again (the runner's logging fields)."""
+    return validate_config(merge(to_dict(cfg), settings), type(cfg))
+
+
+def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, problems: list[str]) -> dict[str, Any]:
+    """Nested or dotted overrides -> {dotted leaf key: value}. With `leaves` (the config's keys), a
+    leaf whose value is a mapping (logging.tags) stays whole and unknown keys become problems."""
+    leafset = set(leaves or ())
+    sections = {k.rsplit(".", i)[0] for k in leafset for i in range(1, k.count(".") + 1)}
+    out: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            path = f"{prefix}{k}"
+            if path in leafset or (leaves is None and not (isinstance(v, dict) and v)):
+                out[path] = v
+            elif (leaves is None or path in sections) and isinstance(v, dict):
+                walk(v, path + ".")
             else:
-                settings.update(by_name[parent].settings)
-        settings.update(flat_settings(item.get("set"), leaves, f"{where}variant {name!r}: set", problems))
-        v = Variant(name, settings)
-        variants.append(v)
-        by_name[name] = v
+                problems.append(f"{where}: {path}: unknown config key" + did_you_mean(path, leafset))
 
-    grid = raw.get("grid")
-    if grid is not None:
-        if not isinstance(grid, dict):
-            problems.append(f"{where}grid: expected {{name: TEMPLATE, axes: {{key: [values]}}}}, got {grid!r}")
-        else:
-            _check_keys(grid, GRID_KEYS, f"{where}grid.", problems)
-            axes_raw = grid.get("axes")
-            if not isinstance(axes_raw, dict) or not axes_raw:
-                problems.append(f"{where}grid.axes: expected a mapping of config keys to lists of values, got {axes_raw!r}")
-                axes_raw = {}
-            axes = flat_settings(axes_raw, leaves, f"{where}grid.axes", problems)
-            for k, vals in axes.items():
-                if not isinstance(vals, list) or not vals:
-                    problems.append(f"{where}grid.axes.{k}: expected a non-empty list of values, got {vals!r}")
-            axes = {k: v for k, v in axes.items() if isinstance(v, list) and v}
-            # The raw axis keys (as spelled) name the template fields, as analysis.spec does.
-            template = grid.get("name") or " ".join(f"{k}={{{k}}}" for k in axes)
-            for field_name in re.findall(r"\{([^{}]+)\}", str(template)):
-                if field_name not in axes:
-                    problems.append(f"{where}grid.name: {{{field_name}}} is not an axis; axes: {', '.join(axes) or '(none)'}")
-            names = list(axes)
-            for point in itertools.product(*(axes[k] for k in names)):
-                values = dict(zip(names, point))
-                vname = re.sub(r"\{([^{}]+)\}", lambda m: format_axis_value(values.get(m.group(1), m.group(0))), str(template))
-                v = Variant(vname, dict(values))
-                variants.append(v)
-                by_name[vname] = v
+    walk(data or {}, "")
+    return out
 
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> Path | None:
+    """A path relative to the registry file's folder, else to the repo's ablations/ (so a
+    registry written elsewhere, a test's tmp dir, can still say `base: bases/vanilla.yaml`)."""
+    if not ref:
+        return None
+    p = Path(ref).expanduser()
+    candidates = [p] if p.is_absolute() else [reg_path.parent / p, ABLATIONS_DIR / p]
+    for c in candidates:
+        if c.is_file():
+            return c
+    problems.append(f"{what}: {ref!r}: file not found (looked in {', '.join(str(c.parent) for c in candidates)})")
+    return None
+
+
+def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, problems: list[str]) -> list[Variant]:
+    by_name: dict[str, Variant] = {}
+    for i, item in enumerate(fs.variants):
+        settings: dict[str, Any] = {}
+        if item.inherit is not None:
+            if item.inherit in by_name:
+                settings.update(by_name[item.inherit].settings)
+            else:
+                problems.append(f"{where}variants.{i}.inherit: got {item.inherit!r}; no variant of that name above "
+                                f"this one" + (did_you_mean(item.inherit, list(by_name)) if by_name else ""))
+        settings.update(flat_settings(item.set, leaves, f"{where}variant {item.name!r}: set", problems))
+        if item.name in by_name:
+            problems.append(f"{where}variants.{i}.name: {item.name!r} is listed twice; variant names must be distinct")
+        by_name[item.name] = Variant(item.name, settings)
+    variants = list(by_name.values())
+    if fs.grid is not None:
+        axes = flat_settings(fs.grid.axes, leaves, f"{where}grid.axes", problems)
+        axes = {k: v for k, v in axes.items() if isinstance(v, list) and v}
+        template = fs.grid.name or " ".join(f"{k}={{{k}}}" for k in axes)
+        for field_name in re.findall(r"\{([^{}]+)\}", template):
+            if field_name not in axes:
+                problems.append(f"{where}grid.name: {{{field_name}}} is not an axis"
+                                + (did_you_mean(field_name, list(axes)) if axes else ""))
+        for point in itertools.product(*axes.values()):
+            values = dict(zip(axes, point))
+            name = re.sub(r"\{([^{}]+)\}", lambda m: format_axis_value(values.get(m.group(1), m.group(0))), template)
+            variants.append(Variant(name, values))
     if not variants:
         problems.append(f"{where}no variants: give `variants:` (a list of named settings) or `grid:` (axes)")
     seen: dict[str, str] = {}
     for v in variants:
         s = slug(v.name)
-        if s in seen:
-            what = "listed twice" if seen[s] == v.name else f"has the same folder name as {seen[s]!r} ({s})"
-            problems.append(f"{where}variant {v.name!r} {what}; variant names must be distinct")
+        if s in seen and seen[s] != v.name:
+            problems.append(f"{where}variant {v.name!r} has the same folder name as {seen[s]!r} ({s}); names must differ")
         seen[s] = v.name
     return variants
 
 
-def _diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Flat keys whose value in `a` differs from `b`."""
-    return {k: v for k, v in a.items() if b.get(k, object()) != v}
+def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list[str]) -> list[Claim]:
+    """Validate each claim and its rule (by kind); every variant a rule names must be in the grid."""
+    names = [v.name for v in variants]
+    out = []
+    for i, raw in enumerate(fs.claims):
+        where = f"claims.{i}"
+        try:
+            entry = validate(ClaimEntry, raw, source, prefix=f"{where}.")
+            kind = entry.rule.get("kind")
+            if kind not in RULES:
+                hint = f" (did you mean {closest(kind, RULES)!r}?)" if closest(kind, RULES) else ""
+                raise schema.ConfigError([f"{source}: {where}.rule.kind: got {kind!r}; allowed: {', '.join(RULES)}{hint}"])
+            rule = validate(RULES[kind], entry.rule, source, prefix=f"{where}.rule.")
+        except schema.ConfigError as e:
+            problems += e.problems
+            continue
+        if entry.source == "paper" and not entry.section:
+            problems.append(f"{source}: {where}.section: missing; a paper claim names the paper's section, e.g. \"5.3.1\"")
+        for attr in ("lower", "higher", "variant", "variants"):
+            value = getattr(rule, attr, None)
+            for j, v in enumerate(value if isinstance(value, list) else [value] if value is not None else []):
+                if v not in names:
+                    field = f"{attr}.{j}" if isinstance(value, list) else attr
+                    problems.append(f"{source}: {where}.rule.{field}: got {v!r}; not a variant of this grid"
+                                    + did_you_mean(v, names))
+        if isinstance(rule, Trend) and sum(rule.axis in v.settings for v in variants) < 2:
+            varied = sorted({k for v in variants for k in v.settings})
+            problems.append(f"{source}: {where}.rule.axis: got {rule.axis!r}; fewer than two variants set it"
+                            + did_you_mean(rule.axis, varied))
+        out.append(Claim(entry.statement, entry.source, entry.section, rule))
+    return out
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return read_yaml(path, "ablation file")
+    except schema.ConfigError as e:
+        raise RegistryError(e.problems) from None
 
 
 def load_registry(
@@ -366,201 +528,178 @@ def load_registry(
     seeds: list[int] | None = None,
     overrides: dict[str, Any] | None = None,
     only: list[str] | None = None,
+    resolve: bool = True,
 ) -> Registry:
     """Read, expand and validate a registry file; raises RegistryError listing every problem.
 
     scale: a profile name (`paper`) or None/'world' for the file's own settings.
     seeds: replaces the file's seeds. overrides: dotted key -> value, applied to every run last.
-    only: keep just these variant names.
+    only: keep just these variant names. resolve=False: the file alone (no base, no train
+    config): what figures and reports need; a sweep file then reads as kind "sweep".
     """
     path = Path(path)
-    where = f"{path}: "
     if not path.is_file():
-        known = sorted(p.name for p in ABLATIONS_DIR.glob("*.yaml"))
-        hint = _did_you_mean(path.name, known) if known else ""
-        raise RegistryError([f"{path}: registry file not found. {hint}".strip()])
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise RegistryError([f"{where}not valid YAML: {e}"]) from None
-    if not isinstance(raw, dict):
-        raise RegistryError([f"{where}top level must be a mapping (name, figure, base, variants, ...)"])
+        known = ablation_names(path.parent) if path.parent.is_dir() else []
+        raise RegistryError([f"{path}: registry file not found" + (did_you_mean(path.stem, known) if known else "")])
+    raw = _read(path)
+    src = str(path)
     if "search_space" in raw:
-        raise RegistryError([f"{where}this is a sweep (it has search_space); run it with `python -m harness.sweep {path}`"])
+        if resolve:
+            raise RegistryError([f"{src}: this is a sweep (it has search_space); run it with `python -m harness.sweep {path}`"])
+        return Registry(name=str(raw.get("name") or path.stem), title=str(raw.get("title") or path.stem), kind="sweep",
+                        path=path, description=str(raw.get("description") or ""), base=raw.get("base"))
+    if isinstance(raw.get("variants"), list):  # a bare string is a variant with no settings
+        raw["variants"] = [{"name": v} if isinstance(v, str) else v for v in raw["variants"]]
+    try:
+        fs = validate(FigureFile, raw, src)
+    except schema.ConfigError as e:
+        raise RegistryError(e.problems) from None
 
+    where = f"{src}: "
     problems: list[str] = []
-    _check_keys(raw, TOP_KEYS, where, problems)
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        problems.append(f"{where}name: missing; it is the MLflow experiment and reports/<name>/, and must equal the file stem {path.stem!r}")
-        name = path.stem
-    elif name != path.stem:
-        problems.append(f"{where}name: {name!r} must equal the file stem {path.stem!r} (the name is the MLflow experiment and reports/<name>/)")
-    figure = raw.get("figure")
-    if figure is None or str(figure).strip() == "":
-        problems.append(f"{where}figure: missing; the paper figure id, e.g. \"6\" (or \"apa\")")
-    figure = str(figure if figure is not None else "")
-    kind = raw.get("kind", "train")
-    if kind not in KINDS:
-        problems.append(f"{where}kind: got {kind!r}; allowed: {', '.join(KINDS)} ({_did_you_mean(str(kind), KINDS)})")
-        kind = "train"
+    if fs.name != path.stem:
+        problems.append(f"{where}name: {fs.name!r} must equal the file stem {path.stem!r} "
+                        "(the name is the MLflow experiment and the report folder)")
+    if len(set(fs.seeds)) != len(fs.seeds):
+        problems.append(f"{where}seeds: got {fs.seeds}; a seed is listed twice")
+    cls = None if not resolve else _world_module().WorldConfig if fs.kind == "world" else TrainConfig
+    # config.iter_fields lists the keys while TrainConfig/WorldConfig are plain dataclasses;
+    # schema.leaf_keys(cls) once they are schema sections.
+    leaves = [k for k, *_ in iter_fields(cls)] if cls else None
+    variants = _expand_variants(fs, leaves, where, problems)
+    claims = _claims(fs, variants, src, problems)
+    reg = Registry(
+        name=fs.name, figure=fs.figure, title=fs.title or fs.name, kind=fs.kind, path=path, base=fs.base,
+        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels), claims=claims, order=fs.order,
+        inferred=list(fs.inferred), description=" ".join(fs.description.split()),
+        shared=flat_settings(fs.set, leaves, f"{where}set", problems), profiles=list(fs.profiles),
+        scale=scale or DEFAULT_SCALE,
+    )
+    if not resolve:
+        if problems:
+            raise RegistryError(problems)
+        return reg
+    _resolve_runs(reg, fs, cls, leaves, seeds, overrides or {}, only, problems)
+    return reg
 
-    cls = _config_class(kind)
-    leaves = _leaf_keys(cls)
-    has_seed = "seed" in leaves
 
-    # -- profile ---------------------------------------------------------------------------
-    profiles_raw = raw.get("profiles") or {}
-    if not isinstance(profiles_raw, dict):
-        problems.append(f"{where}profiles: expected a mapping of profile name -> {{set, overlay, seeds, variant_set}}")
-        profiles_raw = {}
-    for pname, prof in profiles_raw.items():
-        if not isinstance(prof, dict):
-            problems.append(f"{where}profiles.{pname}: expected a mapping with keys {', '.join(PROFILE_KEYS)}")
+def _resolve_runs(reg: Registry, fs: FigureFile, cls: type, leaves: list[str], seeds: list[int] | None,
+                  overrides: dict[str, Any], only: list[str] | None, problems: list[str]) -> None:
+    """Fill reg.runs (one validated config per variant x seed), reg.common and reg.warnings."""
+    path, where = reg.path, f"{reg.path}: "
+    profile = Profile()
+    if reg.scale != DEFAULT_SCALE:
+        if reg.scale not in fs.profiles:
+            problems.append(f"{where}--scale {reg.scale}: this file has no profiles.{reg.scale}; available scales: "
+                            + ", ".join([DEFAULT_SCALE, *fs.profiles]))
         else:
-            _check_keys(prof, PROFILE_KEYS, f"{where}profiles.{pname}.", problems)
-    scale = scale or DEFAULT_SCALE
-    profile: dict[str, Any] = {}
-    if scale != DEFAULT_SCALE:
-        if scale not in profiles_raw:
-            avail = ", ".join([DEFAULT_SCALE] + list(profiles_raw))
-            problems.append(f"{where}--scale {scale}: this file has no profiles.{scale}; available scales: {avail}")
-        elif isinstance(profiles_raw[scale], dict):
-            profile = profiles_raw[scale]
-
-    # -- common settings ---------------------------------------------------------------------
-    base_path = _resolve_file(raw.get("base"), path, f"{where}base", problems)
-    if kind == "train" and raw.get("base") is None:
+            profile = fs.profiles[reg.scale]
+    if fs.kind == "train" and fs.base is None:
         problems.append(f"{where}base: missing; name a train config, e.g. bases/vanilla.yaml")
     base_data: dict[str, Any] = {}
-    if base_path is not None:
-        try:
-            base_data = read_yaml(base_path)
-        except ConfigError as e:
-            problems += [f"{where}base: {p}" for p in e.problems]
     overlay_data: dict[str, Any] = {}
-    if profile.get("overlay"):
-        ov = _resolve_file(profile["overlay"], path, f"{where}profiles.{scale}.overlay", problems)
-        if ov is not None:
+    for ref, what, target in ((fs.base, "base", base_data), (profile.overlay, f"profiles.{reg.scale}.overlay", overlay_data)):
+        p = _resolve_file(ref, path, f"{where}{what}", problems)
+        if p is not None:
             try:
-                overlay_data = read_yaml(ov)
-            except ConfigError as e:
-                problems += [f"{where}profiles.{scale}.overlay: {p}" for p in e.problems]
-    common_set = flat_settings(raw.get("set"), leaves, f"{where}set", problems)
-    profile_set = flat_settings(profile.get("set"), leaves, f"{where}profiles.{scale}.set", problems)
-    cli_set = flat_settings(_nested(overrides or {}), leaves, "--set", problems)
-
-    file_seeds = _seed_list(raw.get("seeds", [0]), f"{where}seeds", problems)
-    if profile.get("seeds") is not None:
-        file_seeds = _seed_list(profile["seeds"], f"{where}profiles.{scale}.seeds", problems)
-    run_seeds = seeds if seeds else file_seeds
-    if kind == "world" and not has_seed and len(run_seeds) > 1:
+                target.update(read_yaml(p))
+            except schema.ConfigError as e:
+                problems += [f"{where}{what}: {x}" for x in e.problems]
+    profile_set = flat_settings(profile.set, leaves, f"{where}profiles.{reg.scale}.set", problems)
+    cli_set = flat_settings(merge({}, overrides), leaves, "--set", problems)
+    has_seed = "seed" in leaves
+    if not seeds and profile.seeds:
+        reg.seeds = list(profile.seeds)
+    if fs.kind == "world" and not has_seed and len(reg.seeds) > 1:
         problems.append(f"{where}seeds: {cls.__name__} has no seed field, so give one seed")
-
-    variants = _expand_variants(raw, leaves, where, problems)
-    variant_set_raw = profile.get("variant_set") or {}
-    variant_sets: dict[str, dict[str, Any]] = {}
-    if not isinstance(variant_set_raw, dict):
-        problems.append(f"{where}profiles.{scale}.variant_set: expected a mapping of variant name -> settings")
-        variant_set_raw = {}
-    names = [v.name for v in variants]
-    for vname, vset in variant_set_raw.items():
+    names = reg.variant_names
+    variant_sets = {}
+    for vname, vset in profile.variant_set.items():
         if vname not in names:
-            problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant; {_did_you_mean(str(vname), names)}")
-        variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{scale}.variant_set[{vname!r}]", problems)
+            problems.append(f"{where}profiles.{reg.scale}.variant_set: {vname!r} is not a variant" + did_you_mean(vname, names))
+        variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{reg.scale}.variant_set[{vname!r}]", problems)
+    for o in only or []:
+        if o not in names:
+            problems.append(f"--variant {o!r}: not in {path.name}" + did_you_mean(o, names))
     if only:
-        for o in only:
-            if o not in names:
-                problems.append(f"--variant {o!r}: not in {path.name}; {_did_you_mean(o, names)}")
-        variants = [v for v in variants if v.name in only]
-
-    panels = raw.get("panels") or []
-    if not isinstance(panels, list):
-        problems.append(f"{where}panels: expected a list of metric keys, got {panels!r}")
-        panels = []
-    for p in panels:
-        if p not in KNOWN_METRICS and p not in SPECIAL_PANELS:
-            problems.append(f"{where}panels: {p!r} is not a metric key (harness/keys.py) or a special panel; "
-                            f"{_did_you_mean(str(p), list(KNOWN_METRICS) + list(SPECIAL_PANELS))}")
+        reg.variants = [v for v in reg.variants if v.name in only]
     if problems:
         raise RegistryError(problems)
 
     # A --set on a key that the variants vary makes them identical: say so, loudly.
-    warnings = []
-    varied = {k for v in variants for k in v.settings}
-    for k in cli_set:
-        if k in varied:
-            warnings.append(f"--set {k} overrides a setting the variants differ in; those variants now share {k}={cli_set[k]!r}")
+    varied = {k for v in reg.variants for k in v.settings}
+    reg.warnings += [f"--set {k} overrides a setting the variants differ in; those variants now share {k}={x!r}"
+                     for k, x in cli_set.items() if k in varied]
 
-    # -- resolve every run ---------------------------------------------------------------------
-    def resolve(extra: list[dict[str, Any]], seed: int | None) -> dict[str, Any]:
-        data = merge(base_data, overlay_data)
-        for layer in [common_set, profile_set, *extra, cli_set]:
-            data = merge(data, layer)
-        if seed is not None and has_seed:
-            data = merge(data, {"seed": seed})
-        return data
-
-    def validated(data: dict[str, Any], label: str) -> Any:
+    def checked(data: dict[str, Any], label: str) -> Any:
         try:
             return validate_config(data, cls)
         except ConfigError as e:
             problems.extend(f"{where}{label}: {p}" for p in e.problems)
             return None
 
-    base_cfg = validated(merge(base_data, {}), f"base {raw.get('base')}")
-    common_cfg = validated(resolve([], None), "common settings (base + set)")
-    runs: list[RunSpec] = []
-    for v in variants:
-        for seed in run_seeds:
-            cfg = validated(resolve([v.settings, variant_sets.get(v.name, {})], seed), f"variant {v.name!r} seed {seed}")
-            if cfg is None or common_cfg is None:
-                continue
-            flat = flatten(to_dict(cfg))
-            changed = {k: x for k, x in _diff(flat, flatten(to_dict(common_cfg))).items() if k != "seed"}
-            runs.append(RunSpec(v.name, seed, cfg, run_config_hash(cfg), changed))
+    def resolved(extra: list[dict[str, Any]], seed: int | None, label: str) -> Any:
+        data = merge(base_data, overlay_data)
+        for layer in [reg.shared, profile_set, *extra, cli_set]:
+            data = merge(data, layer)
+        return checked(merge(data, {"seed": seed}) if seed is not None and has_seed else data, label)
+
+    base_cfg = checked(base_data, f"base {fs.base}")
+    reg.common = resolved([], None, "common settings (base + set)")
+    common_flat = flatten(to_dict(reg.common)) if reg.common is not None else {}
+    for v in reg.variants:
+        for seed in reg.seeds:
+            cfg = resolved([v.settings, variant_sets.get(v.name, {})], seed, f"variant {v.name!r} seed {seed}")
+            if cfg is not None and reg.common is not None:
+                changed = {k: x for k, x in flatten(to_dict(cfg)).items() if common_flat.get(k, object()) != x and k != "seed"}
+                reg.runs.append(RunSpec(v.name, seed, cfg, run_config_hash(cfg), changed))
     if problems:
         raise RegistryError(problems)
+    base_flat = flatten(to_dict(base_cfg))
+    reg.common_changes = {k: x for k, x in common_flat.items() if base_flat.get(k, object()) != x}
 
     # Two variants that resolve to the same config would be one run logged twice: warn.
     by_hash: dict[str, RunSpec] = {}
-    for r in runs:
+    for r in reg.runs:
         first = by_hash.setdefault(r.config_hash, r)
         msg = f"variants {first.variant!r} and {r.variant!r} resolve to the same config (they would be one run logged twice)"
-        if first.variant != r.variant and msg not in warnings:
-            warnings.append(msg)
-
-    common_changes = _diff(flatten(to_dict(common_cfg)), flatten(to_dict(base_cfg))) if base_cfg is not None else {}
-    return Registry(
-        path=path, name=name, figure=figure, title=str(raw.get("title") or name), kind=kind, base=base_path,
-        seeds=list(run_seeds), variants=variants, panels=[str(p) for p in panels], profiles=list(profiles_raw),
-        scale=scale, common=common_cfg, common_changes=common_changes, runs=runs, warnings=warnings,
-        description=str(raw.get("description") or ""),
-    )
+        if first.variant != r.variant and msg not in reg.warnings:
+            reg.warnings.append(msg)
 
 
-def registry_files(ablations_dir: str | Path | None = None) -> list[Path]:
-    """Every registry YAML directly under ablations/ (bases/ and sweeps are not registries)."""
+def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False) -> list[Path]:
+    """Every registry YAML directly under ablations/ (bases/ are not registries; sweep files
+    only with sweeps=True)."""
     root = Path(ablations_dir) if ablations_dir else ABLATIONS_DIR
     out = []
     for p in sorted(root.glob("*.y*ml")):
         try:
-            data = yaml.safe_load(p.read_text())
-        except (OSError, yaml.YAMLError):
-            out.append(p)  # let load_registry say what is wrong with it
-            continue
-        if isinstance(data, dict) and "search_space" in data:
-            continue
-        out.append(p)
+            is_sweep = "search_space" in read_yaml(p)
+        except schema.ConfigError:
+            is_sweep = False  # load_registry says what is wrong with it
+        if sweeps or not is_sweep:
+            out.append(p)
     return out
 
 
-def with_runner_settings(cfg: Any, settings: dict[str, Any]) -> Any:
-    """cfg with dotted `settings` applied, validated again (the runner's logging fields)."""
-    return validate_config(merge(to_dict(cfg), settings), type(cfg))
+def ablation_names(ablations_dir: str | Path | None = None) -> list[str]:
+    """Names of every registry and sweep file (a registry's name is its file stem)."""
+    return [p.stem for p in registry_files(ablations_dir, sweeps=True)]
+
+
+def find_ablation(name_or_path: str | Path, ablations_dir: str | Path | None = None) -> Path:
+    """The YAML of an ablation given by path or name; UnknownAblation names the closest one."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    known = {q.stem: q for q in registry_files(ablations_dir, sweeps=True)}
+    if p.suffix not in (".yaml", ".yml") and str(name_or_path) in known:
+        return known[str(name_or_path)]
+    raise UnknownAblation(f"unknown ablation {str(name_or_path)!r}" + did_you_mean(p.stem, sorted(known)))
 
 
 __all__ = [
-    "Registry", "RunSpec", "Variant", "RegistryError", "load_registry", "registry_files", "parse_seeds",
-    "slug", "with_runner_settings", "ABLATIONS_DIR", "SPECIAL_PANELS", "KNOWN_METRICS",
+    "Registry", "RunSpec", "Variant", "Claim", "RegistryError", "UnknownAblation", "load_registry", "registry_files",
+    "ablation_names", "find_ablation", "parse_seeds", "slug", "format_axis_value", "validate_config",
+    "with_runner_settings", "ABLATIONS_DIR", "SPECIAL_PANELS", "KNOWN_METRICS", "RULES",
 ]

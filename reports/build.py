@@ -1,14 +1,18 @@
 """PDF reports of finished ablations, from the MLflow store and the registry alone.
 
-    python -m reports.build [ABLATION ...] [--tracking-uri URI] [--out reports/] [--smooth K]
+    python -m reports.build [ABLATION ...] [--tracking-uri URI] [--out results/] [--smooth K]
+    python -m reports.build --reference     # rebuild the committed reports/ (on purpose only)
 
 Writes OUT/<ablation>/report.pdf per ablation (with its figure.png/.pdf) and OUT/harness-report.pdf
-with all of them. Each report: a title page (date, git commit, machine), then per ablation the
-grid (what each variant changes), the figure, final/peak metrics per variant (mean ± sd over
-seeds), the paper's claims with verdicts and numbers, and sample responses from each variant's
-last sampled step. An ABLATION that is a sweep (YAML with `search_space`) gets a section from
-analysis.sweep_plots.sweep_summary when that module exists. No ABLATION: every registry entry
-or store experiment that has runs.
+with all of them, OUT = results/ (ignored by git); `--reference` writes the committed reports/ and
+reports/provenance.json (commit, uncommitted changes, library versions, world hash). Each report:
+a title page (date, git commit, machine), then per ablation the grid (what each variant changes),
+the figure, final/peak metrics per variant (mean ± sd over seeds), its YAML's claims (the paper's,
+or ours) with verdicts and numbers, and sample responses from each variant's last sampled step.
+An ABLATION that is a sweep (YAML with `search_space`) gets a section from
+analysis.sweep_plots.sweep_summary. No ABLATION: every registry entry
+(and store-only experiment). An ablation without runs is skipped with a message, never drawn
+empty, and the combined report is built only when every ablation in it has runs.
 
 Fonts: DejaVu Sans from matplotlib's own data folder, so δ, η, λ print everywhere (the PDF base
 fonts have no Greek) and no system font is needed.
@@ -19,7 +23,7 @@ import argparse
 import datetime as _dt
 import importlib
 import importlib.metadata as _md
-import inspect
+import json
 import os
 import platform
 import subprocess
@@ -40,12 +44,12 @@ from reportlab.platypus import (
     CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
 )
 
-from analysis.claims import CLAIMS, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, check_claims
+from analysis.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, check_claims
 from analysis.figures import make_figures
-from analysis.spec import AblationSpec, UnknownAblation, known_ablations, load_spec
 from analysis.store import AblationData, ablations_in_store, default_tracking_uri, find_runs, load_ablation
 from analysis.summary import final_peak_table
 from harness import tracking
+from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
 # runs in pure Python here and costs about a second per report for nothing a reader sees.
@@ -60,8 +64,8 @@ MAX_RESPONSE_CHARS = 500
 MAX_SWEEP_ROWS = 40
 SWEEP_COLS_PER_TABLE = 7
 COMBINED = "harness-report.pdf"
-# Paper order for the combined report.
-FIGURE_ORDER = ["2", "3", "4", "6", "7", "8", "9", "13", "14", "15", "16", "17", "18", "19", "apa"]
+RESULTS = "results"  # what a user's build writes (ignored by git)
+REFERENCE = REPO_ROOT / "reports"  # the committed reports, rebuilt only with --reference
 VERDICT_COLORS = {
     REPRODUCED: colors.HexColor("#d9f2d9"),
     NOT_REPRODUCED: colors.HexColor("#f8d7d7"),
@@ -178,14 +182,18 @@ def figure_block(heading: str, path: Path, st, max_h: float = FRAME_H * 0.85) ->
 # --------------------------------------------------------------------------------------------
 # Title page
 # --------------------------------------------------------------------------------------------
+def _dirty() -> bool:
+    """Whether the working tree has uncommitted changes."""
+    try:
+        return bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
+                                   cwd=REPO_ROOT).stdout.strip())
+    except Exception:
+        return False
+
+
 def _git_commit() -> str:
     commit = tracking.git_commit()
-    try:
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                               cwd=Path(__file__).resolve().parent).stdout.strip()
-    except Exception:
-        dirty = ""
-    return commit + (" (uncommitted changes)" if dirty and commit != "unknown" else "")
+    return commit + (" (uncommitted changes)" if commit != "unknown" and _dirty() else "")
 
 
 def _cpu_name() -> str:
@@ -251,7 +259,7 @@ class Section:
     """Everything one ablation's pages need, computed once; `flowables` renders it afresh (a
     reportlab flowable cannot be placed in two documents)."""
 
-    spec: AblationSpec
+    spec: Registry
     data: AblationData
     figure_png: Path | None = None
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -286,8 +294,9 @@ class Section:
                 note += "; collapsed = seeds marked collapsed (mean collapse step)"
             out += [P("Final and peak metrics", st["h2"]), metrics_table(self.metrics, st), P(note + ".", st["note"])]
         out += [P("Claims", st["h2"])]
-        out += [claims_table(self.claims, st)] if not self.claims.empty else [
-            P(f"No claims are defined for {self.spec.name!r} (analysis/claims.py CLAIMS).", st["note"])]
+        out += [claims_table(self.claims, st), P("Source: the paper's section, or ours (our own extra check).",
+                                                 st["note"])] if not self.claims.empty else [
+            P(f"{self.spec.path or self.spec.name} states no claims.", st["note"])]
         if self.spec.kind != "world":  # reward-model runs sample no responses
             out += [P("Sample responses (last sampled step)", st["h2"])] + samples_flowables(self, st)
         return out + [PageBreak()]
@@ -296,9 +305,10 @@ class Section:
 def overview(sec: Section, st) -> list:
     spec = sec.spec
     rows = [["figure", spec.figure or "–"], ["kind", spec.kind]]
-    desc = spec.raw.get("description")
-    if desc:
-        rows.append(["description", " ".join(str(desc).split())])
+    if spec.description:
+        rows.append(["description", spec.description])
+    if spec.inferred:
+        rows.append(["inferred (not stated by the paper)", "\n".join(spec.inferred)])
     if spec.base:
         rows.append(["base config", str(spec.base)])
     if spec.seeds:
@@ -322,13 +332,13 @@ def overview(sec: Section, st) -> list:
     return [table(rows, [0.2, 0.8], st, header=False)]
 
 
-def grid_flowables(spec: AblationSpec, st) -> list:
+def grid_flowables(spec: Registry, st) -> list:
     """Variant | the settings where variants differ; settings all variants share listed below."""
     if not spec.variants:
         return [P("The registry lists no variants for this ablation (spec read from the runs' tags).", st["note"])]
     keys = sorted({k for v in spec.variants for k in v.settings})
     varying = [k for k in keys if len({repr(v.settings.get(k, "(base)")) for v in spec.variants}) > 1]
-    shared = {**spec.common, **{k: spec.variants[0].settings[k] for k in keys if k not in varying}}
+    shared = {**spec.shared, **{k: spec.variants[0].settings[k] for k in keys if k not in varying}}
     rows = [["variant (legend name)", "settings that differ between variants"]]
     for v in spec.variants:
         diff = [f"{k} = {v.settings[k]}" for k in varying if k in v.settings]
@@ -347,13 +357,13 @@ def metrics_table(df: pd.DataFrame, st) -> Table:
 
 
 def claims_table(df: pd.DataFrame, st) -> Table:
-    rows: list[list[Any]] = [["claim", "rule", "numbers", "verdict"]]
+    rows: list[list[Any]] = [["claim", "source", "rule", "numbers", "verdict"]]
     extra = []
     for i, r in enumerate(df.itertuples(), start=1):
         verdict = Paragraph(f"<b>{escape(r.verdict)}</b>" + (f"<br/>{escape(r.reason)}" if r.reason else ""), st["cell"])
-        rows.append([r.claim, r.rule, r.numbers or "–", verdict])
-        extra.append(("BACKGROUND", (3, i), (3, i), VERDICT_COLORS.get(r.verdict, colors.white)))
-    return table(rows, [0.26, 0.24, 0.32, 0.18], st, extra=extra)
+        rows.append([r.claim, r.source, r.rule, r.numbers or "–", verdict])
+        extra.append(("BACKGROUND", (4, i), (4, i), VERDICT_COLORS.get(r.verdict, colors.white)))
+    return table(rows, [0.24, 0.08, 0.22, 0.29, 0.17], st, extra=extra)
 
 
 def _clip(text: Any, n: int = MAX_RESPONSE_CHARS) -> str:
@@ -411,38 +421,35 @@ def sweep_flowables(sec: Section, st) -> list:
 # --------------------------------------------------------------------------------------------
 # Building
 # --------------------------------------------------------------------------------------------
-def load_sweep_summary(spec: AblationSpec, tracking_uri: str, out_dir: Path) -> tuple[dict | None, str | None]:
-    """(summary, None) from analysis.sweep_plots, or (None, why not)."""
+def load_sweep_summary(spec: Registry, tracking_uri: str, out_dir: Path) -> tuple[dict | None, str | None]:
+    """(summary, None) from analysis.sweep_plots (imported here: it loads optuna), or (None, why not)."""
     try:
-        mod = importlib.import_module("analysis.sweep_plots")
-    except ModuleNotFoundError as e:
-        if e.name in ("analysis.sweep_plots", "analysis"):
-            return None, "analysis.sweep_plots is not available yet: the sweep section is skipped."
-        raise
-    kwargs = {"out_dir": out_dir} if "out_dir" in inspect.signature(mod.sweep_summary).parameters else {}
-    try:
-        return mod.sweep_summary(str(spec.path), tracking_uri, **kwargs), None
+        return importlib.import_module("analysis.sweep_plots").sweep_summary(str(spec.path), tracking_uri,
+                                                                              out_dir=out_dir), None
     except Exception as e:  # a broken sweep should not take the other sections down
         return None, f"analysis.sweep_plots.sweep_summary failed: {type(e).__name__}: {e}"
 
 
-def build_section(ablation: str | Path, tracking_uri: str, out: Path, smooth_k: int = 1,
-                  ablations_dir: str | Path | None = None, log_figures: bool = True) -> Section:
-    data = load_ablation(ablation, tracking_uri, ablations_dir)
+def has_runs(spec: Registry, tracking_uri: str) -> bool:
+    """A train/world ablation: runs in its experiment (world: or the world build's); a sweep: its
+    experiment exists (the sweep logs its parent run there)."""
+    if spec.is_sweep:
+        return tracking.client(tracking_uri).get_experiment_by_name(spec.name) is not None
+    return not find_runs(tracking_uri, spec.name, world_fallback=spec.kind == "world").empty
+
+
+def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures: bool = True) -> Section:
     spec = data.spec
     sec = Section(spec=spec, data=data)
     if spec.is_sweep:
-        sec.sweep, why = load_sweep_summary(spec, tracking_uri, out / spec.name)
+        sec.sweep, why = load_sweep_summary(spec, data.tracking_uri, out / spec.name)
         if why:
             sec.notes.append(why)
         return sec
-    if data.runs.empty:
-        sec.notes.append(f"No runs of {spec.name!r} in {tracking_uri}: run `python -m harness.ablate {spec.name}` first.")
-    fig = make_figures(spec, tracking_uri, smooth_k, out, log_to_parent=log_figures, data=data)
+    fig = make_figures(spec, data.tracking_uri, smooth_k, out, log_to_parent=log_figures, data=data)
     sec.figure_png = fig.paths[0]
-    if not data.runs.empty:
-        sec.metrics = final_peak_table(data)
-        sec.samples = data.samples(SAMPLES_PER_VARIANT)
+    sec.metrics = final_peak_table(data)
+    sec.samples = data.samples(SAMPLES_PER_VARIANT)
     sec.claims = check_claims(data)
     return sec
 
@@ -472,24 +479,19 @@ def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st, lab
     return path
 
 
-def _order(name: str, spec_figure: str) -> tuple:
-    return (FIGURE_ORDER.index(spec_figure) if spec_figure in FIGURE_ORDER else len(FIGURE_ORDER), name)
+def _order(spec: Registry) -> tuple:
+    """The YAML's `order` (the paper's); files without one (sweeps, store-only) last, by name."""
+    return (spec.order is None, spec.order or 0, spec.name)
 
 
-def default_ablations(tracking_uri: str, ablations_dir: str | Path | None = None) -> list[str]:
-    """Registry entries whose experiment holds runs (a sweep: whose experiment exists, the
-    sweep logs its parent run there), then store-only ablations."""
-    known = known_ablations(ablations_dir)
-    names = []
-    for name, path in known.items():
-        spec = load_spec(path)
-        if spec.is_sweep:
-            if tracking.client(tracking_uri).get_experiment_by_name(name) is not None:
-                names.append(name)
-        elif not find_runs(tracking_uri, name, world_fallback=spec.kind == "world").empty:
-            names.append(name)
-    names += [n for n in ablations_in_store(tracking_uri) if n not in known]
-    return names
+def provenance(info: dict[str, str], sections: list[Section]) -> dict[str, Any]:
+    """What a reference build records beside the reports: code, libraries, world, runs' commits."""
+    from harness.config import DataConfig
+    from harness.world import built_hash
+
+    return {**info, "dirty": _dirty(), "world hash": built_hash(DataConfig().world_dir),
+            "ablations": {s.spec.name: {"runs": s.n_runs, "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
+                          for s in sections}}
 
 
 @dataclass
@@ -497,33 +499,49 @@ class BuildResult:
     reports: dict[str, Path]
     combined: Path | None
     errors: dict[str, str]
+    skipped: list[str] = field(default_factory=list)
+    """Ablations left out because the store holds no runs of them."""
 
 
-def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str | Path = "reports", smooth_k: int = 1,
-          ablations_dir: str | Path | None = None, log_figures: bool = True) -> BuildResult:
-    """Per-ablation PDFs and the combined one. An ablation that fails to build is reported (in
-    `errors` and on stderr) and left out; the others still build."""
+def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str | Path = RESULTS, smooth_k: int = 1,
+          ablations_dir: str | Path | None = None, log_figures: bool = True, reference: bool = False) -> BuildResult:
+    """Per-ablation PDFs and, when every ablation asked for has runs (and more than one was asked
+    for, or none: all of them), the combined one. An ablation without runs is skipped with a
+    message; one that fails to build is reported (in `errors` and on stderr) and left out.
+    reference=True also writes OUT/provenance.json."""
     uri = tracking_uri or default_tracking_uri()
     out = Path(out)
     st = make_styles()
-    names = list(ablations) if ablations else default_ablations(uri, ablations_dir)
+    names = list(ablations) if ablations else ablation_names(ablations_dir) + [
+        n for n in ablations_in_store(uri) if n not in ablation_names(ablations_dir)]
     info = machine_info(uri)
-    sections, errors = [], {}
+    sections, errors, skipped = [], {}, []
     for name in names:
         try:
-            sections.append(build_section(name, uri, out, smooth_k, ablations_dir, log_figures))
-        except UnknownAblation:
+            data = load_ablation(name, uri, ablations_dir)
+            if not has_runs(data.spec, uri):
+                skipped.append(data.name)
+                how = f"harness.sweep {data.spec.path}" if data.spec.is_sweep else f"harness.ablate {data.name}"
+                print(f"skipped {data.name}: no runs in {uri} (run `python -m {how}` first)", file=sys.stderr)
+                continue
+            sections.append(build_section(data, out, smooth_k, log_figures))
+        except (UnknownAblation, RegistryError):
             raise
         except Exception as e:  # keep the other ablations' reports
             errors[str(name)] = f"{type(e).__name__}: {e}"
             print(f"error: {name}: {errors[str(name)]}", file=sys.stderr)
-    sections.sort(key=lambda s: _order(s.spec.name, s.spec.figure))
+    sections.sort(key=lambda s: _order(s.spec))
     reports = {}
     for s in sections:
         reports[s.spec.name] = write_pdf(out / s.spec.name / "report.pdf", [s], info, st, f"harness report · {s.spec.name}")
-    # one named ablation must not replace the combined report of everything with itself alone
-    combined = write_pdf(out / COMBINED, sections, info, st, "harness report") if sections and (not ablations or len(sections) > 1) else None
-    return BuildResult(reports, combined, errors)
+    combined = None
+    # one named ablation must not replace the combined report of everything with itself alone,
+    # nor may a partial store
+    if sections and not skipped and not errors and (not ablations or len(sections) > 1):
+        combined = write_pdf(out / COMBINED, sections, info, st, "harness report")
+    if reference:
+        (out / "provenance.json").write_text(json.dumps(provenance(info, sections), indent=1, ensure_ascii=False) + "\n")
+    return BuildResult(reports, combined, errors, skipped)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -534,28 +552,32 @@ def main(argv: list[str] | None = None) -> int:
                     "verdicts, sample responses; sweep sections for sweep YAMLs).",
     )
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
-                    help="registry names or YAML paths (default: every ablation with runs in the store); "
-                         f"claims exist for: {', '.join(CLAIMS)}")
+                    help="registry names or YAML paths (default: every ablation in the registry and the store)")
     ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--out", default="reports", help="output root (default reports/)")
+    ap.add_argument("--out", default=None, help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
+    ap.add_argument("--reference", action="store_true",
+                    help="rebuild the committed reference reports in reports/ and record reports/provenance.json")
     ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps in figures (default 1 = raw)")
     ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")
     args = ap.parse_args(argv)
+    out = Path(args.out or (REFERENCE if args.reference else RESULTS))
     try:
-        res = build(args.ablations, args.tracking_uri, args.out, args.smooth, args.ablations_dir, not args.no_log)
-    except UnknownAblation as e:
+        res = build(args.ablations, args.tracking_uri, out, args.smooth, args.ablations_dir, not args.no_log, args.reference)
+    except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for name, path in res.reports.items():
         print(f"{name}: {path}")
     if res.combined:
         print(f"combined: {res.combined}")
+    elif res.skipped or res.errors:
+        print(f"combined report not built: no runs of {', '.join(res.skipped) or '-'}"
+              + (f"; failed: {', '.join(res.errors)}" if res.errors else ""))
     elif res.reports:
-        print(f"combined report left as it was (one ablation named; name none, or several, to rebuild "
-              f"{Path(args.out) / COMBINED})")
+        print(f"combined report left as it was (one ablation named; name none, or several, to rebuild {out / COMBINED})")
     else:
-        print("nothing to report: no ablation with runs in the store (pass names to report them anyway)")
+        print("nothing to report")
     return 1 if res.errors else 0
 
 
