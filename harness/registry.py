@@ -34,7 +34,7 @@ from pydantic import AfterValidator, Field
 
 from . import keys as K
 from . import schema
-from .config import ConfigError, TrainConfig, config_hash, flatten, from_dict, iter_fields, merge, to_dict
+from .config import ConfigError, TrainConfig, config_hash, flatten, from_dict, merge, to_dict
 from .schema import closest, did_you_mean, read_yaml, section, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -563,9 +563,7 @@ def load_registry(
     if len(set(fs.seeds)) != len(fs.seeds):
         problems.append(f"{where}seeds: got {fs.seeds}; a seed is listed twice")
     cls = None if not resolve else _world_module().WorldConfig if fs.kind == "world" else TrainConfig
-    # config.iter_fields lists the keys while TrainConfig/WorldConfig are plain dataclasses;
-    # schema.leaf_keys(cls) once they are schema sections.
-    leaves = [k for k, *_ in iter_fields(cls)] if cls else None
+    leaves = schema.leaf_keys(cls) if cls else None
     variants = _expand_variants(fs, leaves, where, problems)
     claims = _claims(fs, variants, src, problems)
     reg = Registry(
