@@ -147,7 +147,7 @@ def test_static_decoder_matches_model_forward(model_root):
     (left-padded prompts of mixed length, EOS stops, top-k/top-p), and its sampling-pass entropy
     and log-probs equal a teacher-forced pass over the result."""
     from harness.models import load_causal_lm
-    from harness.rollout import StaticGPT2Decoder, left_pad, logprobs_and_entropy, sample
+    from harness.rollout import StaticGPT2Decoder, counter_hash, left_pad, logprobs_and_entropy, sample
     from transformers import AutoTokenizer
 
     model = load_causal_lm(str(model_root / "sft")).eval()
@@ -155,8 +155,9 @@ def test_static_decoder_matches_model_forward(model_root):
     tok = AutoTokenizer.from_pretrained(str(model_root / "sft"))
     ids, mask = left_pad([tok(p, add_special_tokens=False)["input_ids"] for p in prompts()[:8]], tok.pad_token_id, torch.device("cpu"))
     kw = dict(max_new_tokens=12, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.9, top_k=30, top_p=0.95)
-    slow = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), fast=False, **kw)
-    fast = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), fast=True, with_entropy=True, **kw)
+    row_keys = counter_hash(3, 1, 0, torch.arange(8))
+    slow = sample(model, ids, mask, row_keys, fast=False, **kw)
+    fast = sample(model, ids, mask, row_keys, fast=True, with_entropy=True, **kw)
     assert torch.equal(slow.response_ids, fast.response_ids) and torch.equal(slow.response_mask, fast.response_mask)
     assert torch.allclose(slow.sample_logprobs, fast.sample_logprobs, atol=1e-5)
     P = ids.shape[1]
