@@ -103,8 +103,8 @@ def prompts() -> list[str]:
     return [" ".join(rng.choice(ws) for _ in range(rng.randint(3, 7))) for _ in range(24)]
 
 
-def run_case(name: str, root) -> tuple[dict[str, float], list[int]]:
-    over = CASES[name]
+def run_case(name: str, root, extra: dict | None = None) -> tuple[dict[str, float], list[int]]:
+    over = {**CASES[name], **(extra or {})}
     d = {"seed": 0, "device": "cpu", "model": {"sft_path": str(root / "sft"), "reward_path": str(root / "reward"),
                                                  "pretrained_path": str(root / "sft")},
          "data": {"source": "hh_rlhf", "hh_path": "unused.jsonl"}, "ppo": {"steps": 2}}
@@ -141,6 +141,18 @@ def test_fixed_seed_step_matches_pinned(name, model_root):
         if not math.isclose(got, want, rel_tol=2e-4, abs_tol=2e-5):
             bad.append(f"{k}: got {got!r}, pinned {want!r}")
     assert not bad, "fixed-seed step changed:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", ["one_minibatch_entropy", "bench_paths"])
+def test_gradient_accumulation_takes_the_same_step(name, model_root):
+    """Two micro-batches per minibatch give the pinned step (token-weighted loss sums, one optimizer
+    step; the entropy clip's sign from the whole minibatch; old log-probs from sampling), up to
+    float summation order."""
+    metrics, tokens = run_case(name, model_root, {"distributed": {"gradient_accumulation": 2}})
+    assert tokens == TOKENS[name]
+    bad = [f"{k}: got {metrics[k]!r}, pinned {v!r}" for k, v in PINNED[name].items()
+           if not math.isclose(metrics[k], v, rel_tol=1e-3, abs_tol=1e-4)]
+    assert not bad, "gradient accumulation changed the step:\n" + "\n".join(bad)
 
 
 def test_static_decoder_matches_model_forward(model_root):
