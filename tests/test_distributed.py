@@ -6,17 +6,18 @@ Tiny GPT-2 policy / reward model (2 layers, width 32) and a word-level tokenizer
 fixed seeds in a temp dir; the prompt source is a small synthetic one with a gold reward, swapped
 in for `harness.data.load_source` inside the worker processes (so the gold path is exercised too).
 
-Two jobs (about 1.5 minutes in all on 2 busy cores; most of it is importing torch, transformers,
+Two jobs (40-90 s in all on 2 busy cores; most of it is importing torch, transformers,
 DeepSpeed and MLflow in each process):
   A  `launch_train` -> torchrun, 2 ranks. The worker first runs, in-process, DeepSpeed ZeRO-2
-     (stopped by an on_step callback after step 2 of 3) and ZeRO-3 with gradient accumulation 2;
-     then `harness.train.main` (the CLI path) for a plain data-parallel run without DeepSpeed
+     (stopped by an on_step callback after step 2 of 3), ZeRO-3 with gradient accumulation 2, and
+     plain data parallel with one minibatch and old log-probs from sampling ("ddp1"); then
+     `harness.train.main` (the CLI path) for a plain data-parallel run without DeepSpeed
      (gradients all-reduced by hand), whose steps launch_train feeds to an on_step callback by
      polling MLflow.
   B  one process: the reference run (plain torch, no process group, 3 steps); then DeepSpeed at
      world size 1: the 2-rank ZeRO-2 run resumed from its checkpoint for step 3; a ZeRO-3 run
      stopped after step 1 and resumed (loading into ZeRO-3); the 2-rank ZeRO-3 checkpoint loaded
-     into a plain single-process PPOTrainer.
+     into a plain single-process PPOTrainer; last the plain one-process reference of "ddp1".
 
 Checks: identical sampled responses at every step (keyed sampling: a row's tokens do not depend on
 the rank or batch neighbours), metrics within rel 1e-3 / abs 1e-4 of the one-rank run (float
@@ -251,13 +252,16 @@ def jobs(tiny):
     z3 = overrides(tiny, "z3", **ds, **{"distributed.zero_stage": 3, "distributed.gradient_accumulation": 2})
     ref = overrides(tiny, "ref")  # plain torch, one process: the reference every multi-rank run must match
     z3b = overrides(tiny, "z3b", **ds, **{"distributed.zero_stage": 3, "distributed.gradient_accumulation": 2})
+    # one minibatch, old log-probs from sampling: the first epoch reuses the scoring pass's critic forward
+    one = {"ppo.num_minibatches": 1, "ppo.reuse_rollout_logprobs": "true"}
+    ddp1, ref1 = overrides(tiny, "ddp1", **one), overrides(tiny, "ref1", **one)
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     # A: one torchrun job of 2 ranks runs ZeRO-2 and ZeRO-3 in-process, then the CLI (`main`) for a
     # plain data-parallel run started through launch_train (one launch: imports cost most here)
     t = time.time()
     seen: list[int] = []
-    spec_a = write_spec(tiny, "A", {"jobs": [{"overrides": z2, "stop_at": 2}, {"overrides": z3}], "cli": []})
+    spec_a = write_spec(tiny, "A", {"jobs": [{"overrides": z2, "stop_at": 2}, {"overrides": z3}, {"overrides": ddp1}], "cli": []})
     res_ddp = launch_train(overrides=overrides(tiny, "ddp"), nproc=2, program=[tiny["worker"], str(spec_a), "--"],
                            on_step=lambda s, m: seen.append(s) and False, poll_s=0.5, env=env)
     timings["A (2 ranks: ZeRO-2, ZeRO-3, plain DDP via launch_train)"] = time.time() - t
@@ -271,6 +275,7 @@ def jobs(tiny):
         {"overrides": z3b, "stop_at": 1}, {"overrides": z3b, "resume": True},  # reload into ZeRO-3
         {"kind": "load_plain", "overrides": overrides(tiny, "plain"), "run_dir": str(tiny["root"] / "runs" / "z3"),
          "compare_dir": str(tiny["root"] / "runs" / "ref")},
+        {"overrides": ref1},
     ]})
     run_job([sys.executable, tiny["worker"], str(spec_b)], env)
     timings["B (1 rank: reference, resumes, plain load)"] = time.time() - t
@@ -282,15 +287,16 @@ def jobs(tiny):
 
 
 def test_jobs_finish_with_one_mlflow_run_each(tiny, jobs):
-    a_z2, a_z3 = jobs["A"]
-    b_ref, b_resume, b_z3a, b_z3b, b_load = jobs["B"]
+    a_z2, a_z3, a_ddp1 = jobs["A"]
+    b_ref, b_resume, b_z3a, b_z3b, b_load, b_ref1 = jobs["B"]
     assert a_z2["status"] == "FINISHED" and a_z2["steps"] == 2 and a_z2["world"] == 2, a_z2
     assert a_z3["status"] == "FINISHED" and a_z3["steps"] == 3, a_z3
     assert b_ref["status"] == "FINISHED" and b_ref["world"] == 1, b_ref
     assert b_resume["status"] == "FINISHED" and b_resume["steps"] == 3 and b_resume["run_id"] == a_z2["run_id"], b_resume
     assert b_z3a["steps"] == 1 and b_z3b["status"] == "FINISHED" and b_z3b["steps"] == 3 and b_z3b["run_id"] == b_z3a["run_id"]
     assert jobs["C"].status == "FINISHED", jobs["C"].error
-    for name in ("z2", "z3", "ref", "ddp", "z3b"):
+    assert a_ddp1["status"] == "FINISHED" and a_ddp1["world"] == 2 and b_ref1["status"] == "FINISHED", (a_ddp1, b_ref1)
+    for name in ("z2", "z3", "ref", "ddp", "z3b", "ddp1", "ref1"):
         runs = runs_named(tiny, name)
         assert len(runs) == 1, f"{name}: {len(runs)} MLflow runs (one per training expected, logged by rank 0 only)"
         assert runs[0].info.status == "FINISHED"
@@ -302,10 +308,10 @@ def test_jobs_finish_with_one_mlflow_run_each(tiny, jobs):
 
 def test_two_ranks_sample_the_same_rollouts_as_one_rank(tiny, jobs):
     ref_id = jobs["B"][0]["run_id"]
-    for label, run_id, steps in (("ZeRO-2", jobs["A"][0]["run_id"], (1, 2, 3)), ("ZeRO-3", jobs["A"][1]["run_id"], (1, 2, 3)),
-                                 ("DDP", jobs["C"].run_id, (1, 2, 3))):
-        for s in steps:
-            ref, got = samples(tiny, ref_id, s), samples(tiny, run_id, s)
+    for label, ref_id_, run_id in (("ZeRO-2", ref_id, jobs["A"][0]["run_id"]), ("ZeRO-3", ref_id, jobs["A"][1]["run_id"]),
+                                   ("DDP", ref_id, jobs["C"].run_id), ("DDP, one minibatch", jobs["B"][5]["run_id"], jobs["A"][2]["run_id"])):
+        for s in (1, 2, 3):
+            ref, got = samples(tiny, ref_id_, s), samples(tiny, run_id, s)
             assert got == ref, f"{label} step {s}: rollouts differ from the one-rank run"
     ends = [r for s in (1, 2, 3) for _, r in samples(tiny, ref_id, s)]
     assert len(set(ends)) > 4  # really sampled, not a constant
@@ -319,6 +325,8 @@ def test_two_ranks_metrics_match_one_rank(tiny, jobs):
     assert_metrics_close(ref, history(tiny, jobs["A"][0]["run_id"]), steps, "2-rank ZeRO-2 then 1-rank resume")
     assert_metrics_close(ref, history(tiny, jobs["C"].run_id), steps, "2-rank plain data parallel")
     assert_metrics_close(ref, history(tiny, jobs["B"][3]["run_id"]), steps, "1-rank ZeRO-3 stopped at 1 and resumed")
+    assert_metrics_close(history(tiny, jobs["B"][5]["run_id"]), history(tiny, jobs["A"][2]["run_id"]), steps,
+                         "2-rank plain data parallel, one minibatch, old log-probs from sampling")
     # step 0 = the eval before training (SFT win rate etc.)
     assert_metrics_close(ref, history(tiny, jobs["A"][1]["run_id"]), (0,), "2-rank ZeRO-3 eval")
 
