@@ -545,7 +545,7 @@ class PPOTrainer:
             "policy_sched": self.policy.sched.state_dict(), "critic_sched": self.critic.sched.state_dict(),
             "reward_stats": self.reward_stats.state_dict(), "kl_coef": self.kl_ctl.value,
             "data_gen": self.data_gen.get_state(), "prompt_order": torch.tensor(self.prompt_order, dtype=torch.long),
-            "torch_rng": torch.get_rng_state(), "rollout_counter": self.rollout_counter, "world_size": self.env.world_size,
+            "rollout_counter": self.rollout_counter, "world_size": self.env.world_size,
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -557,5 +557,4 @@ class PPOTrainer:
         self.kl_ctl.value = float(s["kl_coef"])
         self.data_gen.set_state(s["data_gen"])
         self.prompt_order = s["prompt_order"].tolist()
-        torch.set_rng_state(s["torch_rng"])
         self.rollout_counter = int(s["rollout_counter"])
