@@ -3,12 +3,18 @@
 Layout of a rollout batch: prompts left-padded to P tokens, responses right-padded to R tokens,
 `sequences = [prompt | response]`. Position ids come from the attention mask, so padding never
 shifts a token's position. The response token at index t is predicted from position P-1+t.
+
+Sampling is keyed: row i's token at step t is drawn by inverting the CDF of its (filtered)
+distribution at u = hash(key_i, t), where key_i hashes (seed, stream, counter, global row index).
+A row therefore samples the same tokens whichever rank holds it and whoever its batch neighbours
+are, so a run on W ranks samples what a one-rank run samples on the same global batch.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +55,40 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(1) - 1).clamp(min=0)
 
 
-def left_pad(token_lists: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    P = max(len(t) for t in token_lists)
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32) on int64 tensors; the multipliers are < 2^31 so no product
+    leaves int64. Same bits on every device."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x046CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_hash(*parts: int | torch.Tensor) -> torch.Tensor:
+    """32-bit keys from integers or int64 tensors (broadcast), e.g. (seed, stream, counter, rows)."""
+    h = torch.tensor(0x2545F491, dtype=torch.int64)
+    for v in parts:
+        h = _mix32(h ^ (torch.as_tensor(v, dtype=torch.int64) & _M32))
+        h = (h * 0x0019660D + 0x3C6EF35F) & _M32
+    return h
+
+
+STREAM_ROLLOUT, STREAM_EVAL = 1, 2
+"""Counter-hash streams: training rollouts (counter = rollout number) and eval (counter = chunk start)."""
+
+
+def keyed_uniform(row_keys: torch.Tensor, step: int) -> torch.Tensor:
+    """[B] float64 uniforms in (0, 1), 24 random bits: a pure function of (row key, step)."""
+    return ((counter_hash(row_keys, step) >> 8).double() + 0.5) / float(1 << 24)
+
+
+def left_pad(token_lists: list[list[int]], pad_id: int, device: torch.device, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad to `width` (default: the longest list)."""
+    P = width or max(len(t) for t in token_lists)
     ids = torch.full((len(token_lists), P), pad_id, dtype=torch.long)
     mask = torch.zeros((len(token_lists), P), dtype=torch.long)
     for i, t in enumerate(token_lists):
@@ -74,11 +112,20 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: per row, the first token whose cumulative probability exceeds u (float64
+    in (0, 1), at most 1 - 2^-25) times the row's total. In float64 that product stays below the
+    total and a zero-probability token never crosses it, so such a token is never drawn."""
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(1)
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
+    row_keys: torch.Tensor,
     *,
     max_new_tokens: int,
     eos_id: int,
@@ -87,23 +134,26 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     stop_at_eos: bool = True,
-    generator: torch.Generator | None = None,
     with_entropy: bool = False,
-    fast: bool | None = None,
+    fast: bool = True,
+    all_finished: Callable[[bool], bool] = bool,
 ) -> Rollout:
-    """Autoregressive sampling with a KV cache, one token per row per forward.
+    """Autoregressive sampling with a KV cache, one token per row per forward, each row's noise
+    from its key (`row_keys` [B], see the module doc).
 
     GPT-2 models run through `StaticGPT2Decoder` (the same weights and formulas, preallocated
     key/value buffers, no per-token cache or mask objects); other models through their own
     forward with the model's KV cache. `fast=False` forces the model's own forward.
     `with_entropy` also returns the policy entropy at each step (as `entropy_from_logits` of the
     temperature-scaled logits), so the teacher-forced policy pass can be skipped when the old
-    log-probs come from sampling.
+    log-probs come from sampling. `all_finished(local_done)` lets every rank keep decoding until
+    all ranks' rows have ended (ZeRO-3 forwards are collective, and shapes must agree).
     """
     B = prompt_ids.shape[0]
     device = prompt_ids.device
     pos = position_ids(prompt_mask)
-    use_fast = StaticGPT2Decoder.supports(model) if fast is None else (fast and StaticGPT2Decoder.supports(model))
+    keys = row_keys.to(device=device, dtype=torch.int64)
+    use_fast = fast and StaticGPT2Decoder.supports(model)
     if use_fast:
         dec = StaticGPT2Decoder(model, prompt_mask, max_new_tokens)
         logits = dec.prefill(prompt_ids, pos)
@@ -119,8 +169,7 @@ def sample(
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
-        probs = torch.softmax(filter_logits(scaled, top_k, top_p), -1)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
         if stop_at_eos:
             tok = torch.where(finished, pad_col, tok)
         tokens.append(tok)
@@ -129,7 +178,7 @@ def sample(
             ents.append(-(logp_all.exp() * logp_all).sum(-1))
         if stop_at_eos:
             finished = finished | (tok == eos_id)
-            if bool(finished.all()):
+            if all_finished(bool(finished.all())):
                 break
         if t == max_new_tokens - 1:
             break
@@ -243,8 +292,9 @@ def _accepts_logits_to_keep(model_cls: type) -> bool:
 
 
 def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
-    """`logits_to_keep=n` where the model supports it (the LM head then runs on the last n positions only)."""
-    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(model)) else {}
+    """`logits_to_keep=n` where the model (or the one a `parallel.Engine` holds) supports it (the
+    LM head then runs on the last n positions only)."""
+    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(getattr(model, "module", model))) else {}
 
 
 def response_logits(model: torch.nn.Module, seq: torch.Tensor, attn: torch.Tensor, P: int, temperature: float) -> torch.Tensor:

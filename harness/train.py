@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from . import keys, tracking
+from . import keys, parallel, tracking
 from .config import ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
 from .metrics import CollapseDetector
 
@@ -39,14 +39,6 @@ class RunResult:
 
 def default_run_name(cfg: TrainConfig) -> str:
     return f"{cfg.logging.experiment}-{cfg.ppo.policy_loss}-seed{cfg.seed}"
-
-
-def pick_device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(["device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto"])
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
 
 
 # ------------------------------------------------------------------ run files and checkpoints
@@ -73,23 +65,67 @@ def load_checkpoint(run_dir: Path) -> dict | None:
     return torch.load(f, map_location="cpu", weights_only=True)
 
 
-# ------------------------------------------------------------------ the run
-def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = None) -> RunResult:
-    """Run PPO (or APA/AWR) to `cfg.ppo.steps`; see docs/CONTRACTS.md. Never raises on divergence."""
-    from . import distributed
+class RunLog:
+    """Rank 0's side of a run: its MLflow run, `run.json` and the checkpoint file."""
 
-    # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
-    # joins the process group when started by torchrun / deepspeed. Ranks > 0 train without MLflow.
-    env = distributed.setup(cfg)
-    if not env.is_main:
-        return distributed.run_worker(cfg, env, resume=resume)
-    log = cfg.logging
-    run_name = log.run_name or default_run_name(cfg)
-    run_dir = Path(log.output_dir) / run_name
+    def __init__(self, uri: str, run_id: str, run_dir: Path, info: dict):
+        self.uri, self.run_id, self.run_dir, self.info = uri, run_id, run_dir, info
+        self.logger = tracking.MetricLogger(uri, run_id)
+        self._write()
+
+    def _write(self, **info) -> None:
+        self.info.update(info)
+        _write_json_atomic(self.run_dir / "run.json", self.info)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.logger.log(metrics, step=step)
+
+    def tags(self, tags: dict[str, str]) -> None:
+        tracking.set_tags(self.uri, self.run_id, tags)
+
+    def artifact(self, obj: dict, path: str) -> None:
+        tracking.log_json_artifact(self.uri, self.run_id, obj, path)
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        save_checkpoint(self.run_dir, state)
+        self._write(step=step)
+
+    def end(self, status: str, error: str | None = None, tb: str = "") -> None:
+        try:
+            if error:
+                tracking.set_tags(self.uri, self.run_id, {keys.TAG_FAILURE: error[:4000]})
+                tracking.log_text_artifact(self.uri, self.run_id, tb, "failure_traceback.txt")
+        finally:
+            tracking.end_run(self.uri, self.run_id, status)
+        self._write(status=status, **({"error": error} if error else {}))
+
+
+class NullRunLog(RunLog):
+    """The other ranks: the same calls, nothing logged or written (rank 0 speaks for the job)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def tags(self, tags: dict[str, str]) -> None:
+        pass
+
+    def artifact(self, obj: dict, path: str) -> None:
+        pass
+
+    def checkpoint(self, state: dict, step: int) -> None:
+        pass
+
+    def end(self, status: str, error: str | None = None, tb: str = "") -> None:
+        pass
+
+
+def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, dict | None]:
+    """Rank 0: reopen the run of the checkpoint in run_dir (resume, same config hash), else start a new one."""
+    log, uri, chash = cfg.logging, cfg.logging.tracking_uri, config_hash(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    uri = log.tracking_uri
-    chash = config_hash(cfg)
-
     state = load_checkpoint(run_dir) if resume else None
     run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
     if state is not None and run_info is not None and run_info.get("config_hash") == chash:
@@ -101,59 +137,60 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
             keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train", **log.tags,
         }
-        run_id = tracking.start_run(uri, log.experiment, run_name, tags=tags, parent_run_id=log.parent_run_id)
+        run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)
         tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
         tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
-    info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0}
-    distributed.share_run(env, run_id, state is not None)
-    _write_json_atomic(run_dir / "run.json", info)
+    return RunLog(uri, run_id, run_dir, {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0}), state
 
-    result = RunResult(run_id=run_id, status="RUNNING", steps_done=0, run_dir=str(run_dir))
+
+# ------------------------------------------------------------------ the run
+def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = None) -> RunResult:
+    """Run PPO (or APA/AWR) to `cfg.ppo.steps`; see docs/CONTRACTS.md. Never raises on divergence.
+
+    Every rank of a launched job calls this: rank 0 opens the MLflow run and writes the run files,
+    the other ranks train alongside it with a `NullRunLog`."""
+    # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
+    # joins the process group when started by torchrun / deepspeed
+    env = parallel.setup(cfg)
+    run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
+    run, state = _open_run(cfg, run_dir, resume) if env.is_main else (NullRunLog(), None)
+    shared = env.broadcast_object({"run_id": run.run_id if env.is_main else None, "resumed": state is not None})
+    if shared["resumed"] and not env.is_main:
+        state = load_checkpoint(run_dir)
+        if state is None:
+            raise FileNotFoundError(f"rank {env.rank}: rank 0 resumes {run_dir}/ckpt/state.pt but this rank cannot read it "
+                                    "(logging.output_dir must be on a shared filesystem)")
+    result = RunResult(run_id=shared["run_id"], status="RUNNING", steps_done=0, run_dir=str(run_dir))
     try:
-        _train_loop(cfg, run_id, run_dir, state, on_step, result, info)
-        result.status = "FINISHED"
+        _train_loop(cfg, env, run, run_dir, state, on_step, result)
     except KeyboardInterrupt:
         result.status = "KILLED"
-        tracking.end_run(uri, run_id, "KILLED")
-        info.update(status="KILLED")
-        _write_json_atomic(run_dir / "run.json", info)
+        run.end("KILLED")
         raise
     except Exception as e:  # noqa: BLE001 - a failed run must never take its caller down
-        result.status = "FAILED"
-        result.error = f"{type(e).__name__}: {e}"
-        tb = traceback.format_exc()
-        try:
-            tracking.set_tags(uri, run_id, {keys.TAG_FAILURE: result.error[:4000]})
-            tracking.log_text_artifact(uri, run_id, tb, "failure_traceback.txt")
-        finally:
-            tracking.end_run(uri, run_id, "FAILED")
-        info.update(status="FAILED", error=result.error)
-        _write_json_atomic(run_dir / "run.json", info)
-        if log.progress:
-            print(f"[harness] run {run_name} FAILED: {result.error}", file=sys.stderr)
+        result.status, result.error = "FAILED", f"{type(e).__name__}: {e}"
+        run.end("FAILED", result.error, traceback.format_exc())
+        if cfg.logging.progress or not env.is_main:
+            print(f"[harness] run {run_dir.name} (rank {env.rank}) FAILED: {result.error}", file=sys.stderr)
         return result
-    tracking.end_run(uri, run_id, "FINISHED")
-    info.update(status="FINISHED", step=result.steps_done)
-    _write_json_atomic(run_dir / "run.json", info)
+    result.status = "FINISHED"
+    run.end("FINISHED")
     return result
 
 
-def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None, on_step: OnStep | None,
-                result: RunResult, info: dict) -> None:
+def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: Path, state: dict | None,
+                on_step: OnStep | None, result: RunResult) -> None:
     from .data import load_source
-    from . import distributed
     from .models import Models
+    from .trainer import PPOTrainer
 
-    log, uri = cfg.logging, cfg.logging.tracking_uri
+    log = cfg.logging
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    device = distributed.local_device(pick_device(cfg))
-    source = load_source(cfg)
-    models = Models(cfg, device)
-    trainer = distributed.make_trainer(cfg, models, source, device)  # PPOTrainer unless distributed
+    device = parallel.device_of(cfg)
+    trainer = PPOTrainer(cfg, Models(cfg, device), load_source(cfg), device, env)
     detector = CollapseDetector(cfg.collapse)
-    logger = tracking.MetricLogger(uri, run_id)
     start_step = 0
     if state is not None:
         trainer.load_state_dict(state)
@@ -163,20 +200,18 @@ def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None
         trainer.seed_reward_stats()
         for k in range(cfg.ppo.critic_pretrain_steps):
             m = trainer.pretrain_critic()
-            logger.log({f"critic_pretrain/{key.split('/')[-1]}": v for key, v in m.items() if key.startswith("val/")}, step=k)
+            run.log({f"critic_pretrain/{key.split('/')[-1]}": v for key, v in m.items() if key.startswith("val/")}, step=k)
         if log.eval_every:
-            _evaluate(trainer, uri, run_id, logger, 0)
+            run.log(_evaluate(trainer, run, 0), step=0)
 
     def checkpoint(step: int) -> None:
-        s = trainer.state_dict()
+        s = trainer.state_dict()  # collective under ZeRO: every rank gathers, rank 0 writes
         s["step"] = step
         s["detector"] = json.dumps(detector.state_dict())
-        save_checkpoint(run_dir, s)
-        info.update(step=step)
-        _write_json_atomic(run_dir / "run.json", info)
+        run.checkpoint(s, step)
 
     bar = None
-    if log.progress:
+    if log.progress and env.is_main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.ppo.steps, initial=start_step, desc=log.run_name or "train", unit="step", dynamic_ncols=True, leave=False)
@@ -194,12 +229,12 @@ def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None
             if event is not None:
                 metrics[keys.COLLAPSE_STEP] = event.step
                 result.collapsed, result.collapse_step = True, event.step
-                tracking.set_tags(uri, run_id, {keys.TAG_COLLAPSED: "true", keys.TAG_COLLAPSE_REASON: event.reason})
+                run.tags({keys.TAG_COLLAPSED: "true", keys.TAG_COLLAPSE_REASON: event.reason})
             if log.eval_every and step % log.eval_every == 0:
-                metrics.update(_evaluate(trainer, uri, run_id, None, step))
-            logger.log(metrics, step=step)
+                metrics.update(_evaluate(trainer, run, step))
+            run.log(metrics, step=step)
             if (log.sample_every and step % log.sample_every == 0) or step == cfg.ppo.steps:
-                _log_samples(trainer, b, uri, run_id, step)
+                _log_samples(trainer, b, run, step)
             last_log_s = time.perf_counter() - t_log
             result.steps_done = step
             if bar is not None:
@@ -209,38 +244,37 @@ def _train_loop(cfg: TrainConfig, run_id: str, run_dir: Path, state: dict | None
                 bar.set_postfix(post, refresh=False)
                 bar.update(1)
             stop_cb = on_step(step, metrics) if on_step is not None else False
-            stop_cb = distributed.agree_stop(stop_cb, run_dir)  # rank 0 decides (or a STOP file); all ranks follow
+            stop_cb = parallel.agree_stop(env, stop_cb, run_dir)  # rank 0 decides (or a STOP file); all ranks follow
             if log.checkpoint_every and step % log.checkpoint_every == 0 and step < cfg.ppo.steps:
                 checkpoint(step)
             if stop_cb:
-                tracking.set_tags(uri, run_id, {keys.TAG_STOPPED: "callback"})
+                run.tags({keys.TAG_STOPPED: "callback"})
                 break
             if event is not None and cfg.collapse.stop_on_collapse:
-                tracking.set_tags(uri, run_id, {keys.TAG_STOPPED: "collapse"})
+                run.tags({keys.TAG_STOPPED: "collapse"})
                 break
     finally:
         if bar is not None:
             bar.close()
     if result.steps_done and b is not None and log.sample_every and result.steps_done % log.sample_every and result.steps_done != cfg.ppo.steps:
-        _log_samples(trainer, b, uri, run_id, result.steps_done)
+        _log_samples(trainer, b, run, result.steps_done)
     if log.eval_every and result.steps_done % log.eval_every:
-        logger.log(_evaluate(trainer, uri, run_id, None, result.steps_done), step=result.steps_done)
+        run.log(_evaluate(trainer, run, result.steps_done), step=result.steps_done)
     checkpoint(result.steps_done)
     if not result.collapsed:
-        tracking.set_tags(uri, run_id, {keys.TAG_COLLAPSED: "false"})
+        run.tags({keys.TAG_COLLAPSED: "false"})
     result.final_metrics = metrics
 
 
-def _evaluate(trainer, uri: str, run_id: str, logger: tracking.MetricLogger | None, step: int) -> dict[str, float]:
+def _evaluate(trainer, run: RunLog, step: int) -> dict[str, float]:
+    """Eval metrics (collective: every rank evaluates its shard); rank 0 logs the scores as an artifact."""
     m, scores = trainer.evaluate()
     if scores:
-        tracking.log_json_artifact(uri, run_id, {"step": step, **scores}, f"{keys.EVAL_SCORES_DIR}/rm_scores_step_{step:06d}.json")
-    if logger is not None and m:
-        logger.log(m, step=step)
+        run.artifact({"step": step, **scores}, f"{keys.EVAL_SCORES_DIR}/rm_scores_step_{step:06d}.json")
     return m
 
 
-def _log_samples(trainer, b, uri: str, run_id: str, step: int) -> None:
+def _log_samples(trainer, b, run: RunLog, step: int) -> None:
     n = trainer.cfg.logging.num_samples
     if not n:
         return
@@ -251,7 +285,7 @@ def _log_samples(trainer, b, uri: str, run_id: str, step: int) -> None:
             "gold_score": None if b.gold is None else round(b.gold[i].item(), 4),
             "length": int(b.rollout.lengths[i].item()), "ended": bool(b.rollout.ended[i].item()),
         })
-    tracking.log_json_artifact(uri, run_id, {"step": step, "rows": rows}, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")
+    run.artifact({"step": step, "rows": rows}, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")
 
 
 # ------------------------------------------------------------------ CLI
@@ -281,17 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(to_yaml(cfg))
         return 0
-    from . import distributed
-
     try:
         result = train(cfg, resume=args.resume)
-        is_main = distributed.ENV.is_main
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        distributed.teardown()
-    if not is_main:  # rank 0 prints the summary of the job
+        parallel.teardown()
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 (RANK from torchrun / deepspeed) prints the summary of the job
         return 0 if result.status == "FINISHED" else 1
     summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
     print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,

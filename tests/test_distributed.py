@@ -1,21 +1,23 @@
-"""Multi-rank training on CPU (gloo): DeepSpeed ZeRO-2 / ZeRO-3 and plain data parallel against a
-one-rank run on the same global batch, plus the hardware validation that runs before any model.
+"""Multi-rank training on CPU (gloo): plain data parallel and DeepSpeed ZeRO-2 / ZeRO-3 against the
+same trainer in one plain process (no DeepSpeed) on the same global batch, plus the hardware
+validation that runs before any model.
 
 Tiny GPT-2 policy / reward model (2 layers, width 32) and a word-level tokenizer are built from
 fixed seeds in a temp dir; the prompt source is a small synthetic one with a gold reward, swapped
 in for `harness.data.load_source` inside the worker processes (so the gold path is exercised too).
 
-Two jobs (about 1.5 minutes in all on 2 busy cores; most of it is importing torch, transformers,
+Two jobs (40-90 s in all on 2 busy cores; most of it is importing torch, transformers,
 DeepSpeed and MLflow in each process):
   A  `launch_train` -> torchrun, 2 ranks. The worker first runs, in-process, DeepSpeed ZeRO-2
-     (stopped by an on_step callback after step 2 of 3) and ZeRO-3 with gradient accumulation 2;
-     then `harness.train.main` (the CLI path) for a plain data-parallel run without DeepSpeed
+     (stopped by an on_step callback after step 2 of 3), ZeRO-3 with gradient accumulation 2, and
+     plain data parallel with one minibatch and old log-probs from sampling ("ddp1"); then
+     `harness.train.main` (the CLI path) for a plain data-parallel run without DeepSpeed
      (gradients all-reduced by hand), whose steps launch_train feeds to an on_step callback by
      polling MLflow.
-  B  one process, DeepSpeed at world size 1: the reference run (stage 0, 3 steps); the 2-rank
-     ZeRO-2 run resumed from its checkpoint for step 3; a ZeRO-3 run stopped after step 1 and
-     resumed (loading into ZeRO-3); the 2-rank ZeRO-3 checkpoint loaded into a plain
-     single-process PPOTrainer.
+  B  one process: the reference run (plain torch, no process group, 3 steps); then DeepSpeed at
+     world size 1: the 2-rank ZeRO-2 run resumed from its checkpoint for step 3; a ZeRO-3 run
+     stopped after step 1 and resumed (loading into ZeRO-3); the 2-rank ZeRO-3 checkpoint loaded
+     into a plain single-process PPOTrainer; last the plain one-process reference of "ddp1".
 
 Checks: identical sampled responses at every step (keyed sampling: a row's tokens do not depend on
 the rank or batch neighbours), metrics within rel 1e-3 / abs 1e-4 of the one-rank run (float
@@ -109,7 +111,8 @@ WORKER = textwrap.dedent('''
         return PromptSource(list(s["train"]), list(s["eval"])[: cfg.data.eval_prompts], [tuple(x) for x in s["sft"]], gold)
 
     harness.data.load_source = load_source
-    from harness import distributed
+    import torch.distributed as dist
+    from harness import parallel
     from harness.train import main, train
     from harness.config import load_config
 
@@ -128,21 +131,21 @@ WORKER = textwrap.dedent('''
             ref = load_checkpoint(Path(job["compare_dir"]))
             diff = max((tr.m.policy.state_dict()[k] - v).abs().max().item() for k, v in ref["policy"].items())
             cdiff = max((tr.m.critic.state_dict()[k] - v).abs().max().item() for k, v in ref["critic"].items())
-            adiff = max((tr.policy_opt.state_dict()["state"][i]["exp_avg"] - v["exp_avg"]).abs().max().item()
+            adiff = max((tr.policy.opt.state_dict()["state"][i]["exp_avg"] - v["exp_avg"]).abs().max().item()
                         for i, v in ref["policy_opt"]["state"].items())
             out.append({"kind": "load_plain", "policy_diff": diff, "critic_diff": cdiff, "exp_avg_diff": adiff,
-                        "n_opt_state": len(tr.policy_opt.state_dict()["state"])})
+                        "n_opt_state": len(tr.policy.opt.state_dict()["state"])})
             continue
         cfg = load_config(None, job["overrides"])
         stop = job.get("stop_at")
         r = train(cfg, resume=job.get("resume", False), on_step=(lambda s, m: stop is not None and s >= stop))
         out.append({"run_id": r.run_id, "status": r.status, "steps": r.steps_done, "error": r.error,
-                    "world": distributed.ENV.world_size, "rank": distributed.ENV.rank})
-    if distributed.ENV.is_main:
+                    "world": dist.get_world_size() if dist.is_initialized() else 1})
+    if int(os.environ.get("RANK", "0")) == 0:
         json.dump(out, open(spec["out"], "w"))
     if "cli" in spec:  # then the CLI, argv after "--" (launch_train appends the config path)
         sys.exit(main(spec["cli"] + (sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else [])))
-    distributed.teardown()
+    parallel.teardown()
 ''')
 
 
@@ -247,21 +250,24 @@ def jobs(tiny):
     ds = {"distributed.deepspeed": "true"}
     z2 = overrides(tiny, "z2", **ds, **{"distributed.zero_stage": 2})
     z3 = overrides(tiny, "z3", **ds, **{"distributed.zero_stage": 3, "distributed.gradient_accumulation": 2})
-    ref = overrides(tiny, "ref", **ds, **{"distributed.zero_stage": 0})
+    ref = overrides(tiny, "ref")  # plain torch, one process: the reference every multi-rank run must match
     z3b = overrides(tiny, "z3b", **ds, **{"distributed.zero_stage": 3, "distributed.gradient_accumulation": 2})
+    # one minibatch, old log-probs from sampling: the first epoch reuses the scoring pass's critic forward
+    one = {"ppo.num_minibatches": 1, "ppo.reuse_rollout_logprobs": "true"}
+    ddp1, ref1 = overrides(tiny, "ddp1", **one), overrides(tiny, "ref1", **one)
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     # A: one torchrun job of 2 ranks runs ZeRO-2 and ZeRO-3 in-process, then the CLI (`main`) for a
     # plain data-parallel run started through launch_train (one launch: imports cost most here)
     t = time.time()
     seen: list[int] = []
-    spec_a = write_spec(tiny, "A", {"jobs": [{"overrides": z2, "stop_at": 2}, {"overrides": z3}], "cli": []})
+    spec_a = write_spec(tiny, "A", {"jobs": [{"overrides": z2, "stop_at": 2}, {"overrides": z3}, {"overrides": ddp1}], "cli": []})
     res_ddp = launch_train(overrides=overrides(tiny, "ddp"), nproc=2, program=[tiny["worker"], str(spec_a), "--"],
                            on_step=lambda s, m: seen.append(s) and False, poll_s=0.5, env=env)
     timings["A (2 ranks: ZeRO-2, ZeRO-3, plain DDP via launch_train)"] = time.time() - t
     assert res_ddp.status == "FINISHED", (res_ddp.error or "") + (Path(res_ddp.run_dir) / "launch.log").read_text()[-6000:]
 
-    # B: one process (DeepSpeed at world size 1)
+    # B: one process (the plain reference first, before DeepSpeed makes a process group)
     t = time.time()
     spec_b = write_spec(tiny, "B", {"jobs": [
         {"overrides": ref},
@@ -269,6 +275,7 @@ def jobs(tiny):
         {"overrides": z3b, "stop_at": 1}, {"overrides": z3b, "resume": True},  # reload into ZeRO-3
         {"kind": "load_plain", "overrides": overrides(tiny, "plain"), "run_dir": str(tiny["root"] / "runs" / "z3"),
          "compare_dir": str(tiny["root"] / "runs" / "ref")},
+        {"overrides": ref1},
     ]})
     run_job([sys.executable, tiny["worker"], str(spec_b)], env)
     timings["B (1 rank: reference, resumes, plain load)"] = time.time() - t
@@ -280,15 +287,16 @@ def jobs(tiny):
 
 
 def test_jobs_finish_with_one_mlflow_run_each(tiny, jobs):
-    a_z2, a_z3 = jobs["A"]
-    b_ref, b_resume, b_z3a, b_z3b, b_load = jobs["B"]
+    a_z2, a_z3, a_ddp1 = jobs["A"]
+    b_ref, b_resume, b_z3a, b_z3b, b_load, b_ref1 = jobs["B"]
     assert a_z2["status"] == "FINISHED" and a_z2["steps"] == 2 and a_z2["world"] == 2, a_z2
     assert a_z3["status"] == "FINISHED" and a_z3["steps"] == 3, a_z3
     assert b_ref["status"] == "FINISHED" and b_ref["world"] == 1, b_ref
     assert b_resume["status"] == "FINISHED" and b_resume["steps"] == 3 and b_resume["run_id"] == a_z2["run_id"], b_resume
     assert b_z3a["steps"] == 1 and b_z3b["status"] == "FINISHED" and b_z3b["steps"] == 3 and b_z3b["run_id"] == b_z3a["run_id"]
     assert jobs["C"].status == "FINISHED", jobs["C"].error
-    for name in ("z2", "z3", "ref", "ddp", "z3b"):
+    assert a_ddp1["status"] == "FINISHED" and a_ddp1["world"] == 2 and b_ref1["status"] == "FINISHED", (a_ddp1, b_ref1)
+    for name in ("z2", "z3", "ref", "ddp", "z3b", "ddp1", "ref1"):
         runs = runs_named(tiny, name)
         assert len(runs) == 1, f"{name}: {len(runs)} MLflow runs (one per training expected, logged by rank 0 only)"
         assert runs[0].info.status == "FINISHED"
@@ -300,10 +308,10 @@ def test_jobs_finish_with_one_mlflow_run_each(tiny, jobs):
 
 def test_two_ranks_sample_the_same_rollouts_as_one_rank(tiny, jobs):
     ref_id = jobs["B"][0]["run_id"]
-    for label, run_id, steps in (("ZeRO-2", jobs["A"][0]["run_id"], (1, 2, 3)), ("ZeRO-3", jobs["A"][1]["run_id"], (1, 2, 3)),
-                                 ("DDP", jobs["C"].run_id, (1, 2, 3))):
-        for s in steps:
-            ref, got = samples(tiny, ref_id, s), samples(tiny, run_id, s)
+    for label, ref_id_, run_id in (("ZeRO-2", ref_id, jobs["A"][0]["run_id"]), ("ZeRO-3", ref_id, jobs["A"][1]["run_id"]),
+                                   ("DDP", ref_id, jobs["C"].run_id), ("DDP, one minibatch", jobs["B"][5]["run_id"], jobs["A"][2]["run_id"])):
+        for s in (1, 2, 3):
+            ref, got = samples(tiny, ref_id_, s), samples(tiny, run_id, s)
             assert got == ref, f"{label} step {s}: rollouts differ from the one-rank run"
     ends = [r for s in (1, 2, 3) for _, r in samples(tiny, ref_id, s)]
     assert len(set(ends)) > 4  # really sampled, not a constant
@@ -317,6 +325,8 @@ def test_two_ranks_metrics_match_one_rank(tiny, jobs):
     assert_metrics_close(ref, history(tiny, jobs["A"][0]["run_id"]), steps, "2-rank ZeRO-2 then 1-rank resume")
     assert_metrics_close(ref, history(tiny, jobs["C"].run_id), steps, "2-rank plain data parallel")
     assert_metrics_close(ref, history(tiny, jobs["B"][3]["run_id"]), steps, "1-rank ZeRO-3 stopped at 1 and resumed")
+    assert_metrics_close(history(tiny, jobs["B"][5]["run_id"]), history(tiny, jobs["A"][2]["run_id"]), steps,
+                         "2-rank plain data parallel, one minibatch, old log-probs from sampling")
     # step 0 = the eval before training (SFT win rate etc.)
     assert_metrics_close(ref, history(tiny, jobs["A"][1]["run_id"]), (0,), "2-rank ZeRO-3 eval")
 
@@ -348,59 +358,58 @@ def _tiny_policy(tiny):
     return AutoModelForCausalLM.from_pretrained(tiny["models"]["sft"]).eval(), AutoTokenizer.from_pretrained(tiny["models"]["sft"])
 
 
-def test_keyed_sampling_is_rank_invariant_and_matches_greedy(tiny):
-    from harness.distributed import left_pad_to, row_key, sample_keyed
-    from harness.rollout import sample
+@pytest.mark.parametrize("fast", [True, False])
+def test_keyed_sampling_is_rank_invariant(tiny, fast):
+    from harness.rollout import counter_hash, left_pad, sample
 
     model, tok = _tiny_policy(tiny)
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in tiny["source"]["train"][:6]]
-    P = max(map(len, prompts))
-    kw = dict(max_new_tokens=8, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.9, top_k=20)
-    row_keys = torch.tensor([row_key(3, 1, 0, j) for j in range(6)])
-    ids, mask = left_pad_to(prompts, P, tok.pad_token_id, torch.device("cpu"))
-    whole = sample_keyed(model, ids, mask, row_keys, **kw)
+    kw = dict(max_new_tokens=8, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=0.9, top_k=20, fast=fast)
+    row_keys = counter_hash(3, 1, 0, torch.arange(6))
+    ids, mask = left_pad(prompts, tok.pad_token_id, torch.device("cpu"))
+    whole = sample(model, ids, mask, row_keys, **kw)
     # the same rows split over "ranks" of 2 and 4 rows, shorter rows padded alike
-    halves = [sample_keyed(model, ids[a:b], mask[a:b], row_keys[a:b], **kw) for a, b in ((0, 2), (2, 6))]
+    halves = [sample(model, ids[a:b], mask[a:b], row_keys[a:b], **kw) for a, b in ((0, 2), (2, 6))]
     for name in ("response_ids", "response_mask", "ended"):
         parts = [getattr(h, name) for h in halves]
         R = getattr(whole, name).shape[1] if getattr(whole, name).dim() > 1 else None
         if R is not None:
             parts = [torch.nn.functional.pad(x, (0, R - x.shape[1]), value=tok.pad_token_id if name == "response_ids" else 0) for x in parts]
         assert torch.equal(torch.cat(parts), getattr(whole, name)), name
-    assert not torch.equal(whole.response_ids[0], sample_keyed(model, ids, mask, row_keys + 1, **kw).response_ids[0])
-    # top_k=1: both samplers are greedy and must agree token for token (same layout and masking)
-    g = dict(kw, top_k=1)
-    a = sample_keyed(model, ids, mask, row_keys, **g)
-    b = sample(model, ids, mask, generator=torch.Generator().manual_seed(0), **g)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
-    assert torch.allclose(a.sample_logprobs, b.sample_logprobs, atol=1e-5)
+    assert not torch.equal(whole.response_ids, sample(model, ids, mask, row_keys + 1, **kw).response_ids)
+    # top_k=1 is greedy: every token is the argmax of the model's own next-token logits
+    greedy = sample(model, ids, mask, row_keys, **dict(kw, top_k=1))
+    with torch.no_grad():
+        logits = model(input_ids=greedy.sequences, attention_mask=greedy.attention_mask,
+                       position_ids=(greedy.attention_mask.cumsum(1) - 1).clamp(min=0)).logits
+    P, m = ids.shape[1], greedy.response_mask.bool()
+    assert torch.equal(logits[:, P - 1 : -1].argmax(-1)[m], greedy.response_ids[m])
 
 
 def test_keyed_sampling_draws_from_the_softmax():
-    from harness.distributed import keyed_uniform, row_key
+    from harness.rollout import counter_hash, draw, keyed_uniform
 
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4000, 1)
-    k = torch.tensor([row_key(0, 9, j) for j in range(4000)])
-    tok = (logits - torch.log(-torch.log(keyed_uniform(k, 0, 4)))).argmax(-1)
-    freq = torch.bincount(tok, minlength=4).float() / 4000
-    assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.03), freq
+    probs = torch.softmax(torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf")]]), -1).repeat(4000, 1)
+    tok = draw(probs, keyed_uniform(counter_hash(0, 9, 0, torch.arange(4000)), 0))
+    freq = torch.bincount(tok, minlength=5).float() / 4000
+    assert freq[4] == 0 and torch.allclose(freq, probs[0], atol=0.03), freq
 
 
 # ------------------------------------------------------------------------------------------------
 # validation before any model is built (item 4)
 # ------------------------------------------------------------------------------------------------
 def _problems(monkeypatch, overrides_, world=None, bf16=True, ds_error=None):
-    from harness import distributed
+    from harness import parallel
 
-    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: bf16)
-    monkeypatch.setattr(distributed, "deepspeed_import_error", lambda: ds_error)
+    monkeypatch.setattr(parallel, "cpu_supports_bf16", lambda: bf16)
+    monkeypatch.setattr(parallel, "deepspeed_import_error", lambda: ds_error)
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # validate() would set it for a CPU run; keep this process clean
     if world:
         monkeypatch.setenv("WORLD_SIZE", str(world))
     else:
         monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = load_config(None, ["device=cpu", *overrides_])
-    return "\n".join(distributed.validate(cfg))
+    return "\n".join(parallel.validate(cfg))
 
 
 def test_validation_names_field_value_and_allowed(monkeypatch):
@@ -434,11 +443,11 @@ def test_offload_params_without_stage_3_is_refused_at_load():
 
 
 def test_train_refuses_before_any_model_or_mlflow_run(tmp_path, monkeypatch):
-    from harness import distributed, models
+    from harness import models, parallel
     from harness.train import main, train
 
-    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
-    monkeypatch.setattr(distributed, "deepspeed_import_error", lambda: None)
+    monkeypatch.setattr(parallel, "cpu_supports_bf16", lambda: False)
+    monkeypatch.setattr(parallel, "deepspeed_import_error", lambda: None)
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setattr(models.Models, "__init__", lambda *a, **k: pytest.fail("a model was built"))
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -451,10 +460,10 @@ def test_train_refuses_before_any_model_or_mlflow_run(tmp_path, monkeypatch):
 
 
 def test_stop_file_is_honoured_once(tmp_path):
-    from harness import distributed
+    from harness.parallel import STOP_FILE, DistEnv, agree_stop
 
-    assert distributed.agree_stop(False, tmp_path) is False
-    (tmp_path / distributed.STOP_FILE).touch()
-    assert distributed.agree_stop(False, tmp_path) is True
-    assert not (tmp_path / distributed.STOP_FILE).exists()  # a later --resume runs on
-    assert distributed.agree_stop(True, tmp_path) is True
+    assert agree_stop(DistEnv(), False, tmp_path) is False
+    (tmp_path / STOP_FILE).touch()
+    assert agree_stop(DistEnv(), False, tmp_path) is True
+    assert not (tmp_path / STOP_FILE).exists()  # a later --resume runs on
+    assert agree_stop(DistEnv(), True, tmp_path) is True

@@ -1,0 +1,572 @@
+"""Processes and engines: what one training run needs to span several ranks (or just one).
+
+- `DistEnv`: this process's place in the job; every collective is a no-op at world size 1.
+- `setup` / `teardown`: validate the `distributed` section against the hardware and the launch
+  (ConfigError before any model is built), then join the job's process group.
+- `Engine`: a trained model (policy or critic) with its AdamW and schedule, run by plain torch
+  (gradients all-reduced across ranks when world size > 1) or by DeepSpeed ZeRO
+  (`distributed.deepspeed: true`); `backward` takes a micro-batch loss already normalized by the
+  global token count, so summed over ranks and micro-batches it is the one-rank gradient.
+  `full_state` / `load_full_state` convert to and from the single-process checkpoint format.
+- `agree_stop`: rank 0's stop decision (callback or STOP file), the same on every rank.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .config import ConfigError, TrainConfig
+
+
+class NonFiniteLoss(RuntimeError):
+    """A loss or gradient went NaN/inf; the run ends FAILED with this message."""
+
+
+STOP_FILE = "STOP"
+"""Creating `{output_dir}/{run_name}/STOP` asks a running job to stop after its current step
+(status FINISHED, tag harness.stopped_by=callback); `launch.launch_train` uses it for on_step."""
+
+
+def launched_world_size() -> int | None:
+    """WORLD_SIZE set by torchrun / the deepspeed launcher, else None."""
+    w = os.environ.get("WORLD_SIZE")
+    return int(w) if w else None
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job; collectives are no-ops at world size 1."""
+
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    backend: str | None = None  # None = no process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.backend is not None and self.world_size > 1
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if not self.active:
+            return t
+        import torch.distributed as dist
+
+        out = t.detach().clone()
+        dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+        return out
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate equally shaped tensors from all ranks along dim 0, in rank order."""
+        if not self.active:
+            return t
+        import torch.distributed as dist
+
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t)
+        return torch.cat(parts, 0)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if not self.active:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_true(self, flag: bool, device: torch.device) -> bool:
+        if not self.active:
+            return flag
+        return bool(self.all_reduce(torch.tensor([1 if flag else 0], device=device, dtype=torch.int32), "min").item())
+
+    def shard(self, n: int) -> tuple[int, int]:
+        """Contiguous slice of n rows for this rank (n divisible by world size)."""
+        per = n // self.world_size
+        return self.rank * per, (self.rank + 1) * per
+
+
+def _resolve_device_type(cfg: TrainConfig) -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def device_of(cfg: TrainConfig) -> torch.device:
+    """The run's device: `auto` resolved; cuda is cuda:LOCAL_RANK in a launched job."""
+    kind = _resolve_device_type(cfg)
+    if kind == "cuda" and launched_world_size() is not None:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(kind)
+
+
+def cpu_supports_bf16() -> bool:
+    """Native bf16 arithmetic on this CPU (x86 avx512_bf16 / amx_bf16, Arm FEAT_BF16)."""
+    try:
+        if sys.platform == "darwin":
+            import subprocess
+
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5)
+            return out.stdout.strip() == "1"
+        text = Path("/proc/cpuinfo").read_text()
+    except Exception:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def gpu_supports_bf16() -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def deepspeed_import_error() -> str | None:
+    """None when `import deepspeed` works, else the reason."""
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int | None = None) -> list[str]:
+    """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch.
+
+    Each names the field, the value and what is allowed, like `harness.config` does.
+    """
+    d, p = cfg.distributed, cfg.ppo
+    dev = device_type or _resolve_device_type(cfg)
+    world = world_size if world_size is not None else (launched_world_size() or 1)
+    out: list[str] = []
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        out.append("device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto")
+        return out
+    on = "a CPU" if dev == "cpu" else f"GPU {torch.cuda.get_device_name(0)!r}" if torch.cuda.is_available() else "this GPU"
+
+    if not d.deepspeed:
+        for name, value, default in (("zero_stage", d.zero_stage, 0), ("offload_optimizer", d.offload_optimizer, False),
+                                     ("offload_params", d.offload_params, False), ("precision", d.precision, "fp32")):
+            if value != default:
+                out.append(f"distributed.{name}: got {value!r} with distributed.deepspeed=false; allowed: {default!r} "
+                           f"(a DeepSpeed setting; set distributed.deepspeed=true, or use model.autocast=bf16 for mixed precision without it)")
+    else:
+        if dev == "cpu" and not os.environ.get("DS_ACCELERATOR"):
+            os.environ["DS_ACCELERATOR"] = "cpu"  # before deepspeed is first imported
+        if dev == "cuda" and os.environ.get("DS_ACCELERATOR", "cuda") != "cuda":
+            out.append(f"distributed.deepspeed: DS_ACCELERATOR={os.environ['DS_ACCELERATOR']!r} but the run's device is cuda; allowed: unset DS_ACCELERATOR or set it to 'cuda'")
+        err = deepspeed_import_error()
+        if err:
+            out.append(f"distributed.deepspeed: got true but deepspeed cannot be imported ({err}); allowed: false, or install it (`pip install deepspeed`)")
+        if d.precision != "fp32" and d.zero_stage == 0:
+            out.append(f"distributed.zero_stage: got 0 with distributed.precision={d.precision!r}; allowed: 1, 2 or 3 "
+                       "(DeepSpeed's stage-0 mixed-precision wrapper takes an extra AdamW step at start-up; stage 1 costs nothing extra)")
+        if d.offload_optimizer and d.zero_stage == 0:
+            out.append("distributed.offload_optimizer: got true with zero_stage=0; allowed: only with zero_stage 1, 2 or 3")
+        if dev == "cpu":
+            for name in ("offload_optimizer", "offload_params"):
+                if getattr(d, name):
+                    out.append(f"distributed.{name}: got true on {on}; allowed: false (the model already lives in CPU memory)")
+    for field, value in (("distributed.precision", d.precision), ("model.autocast", cfg.model.autocast)):
+        if value == "fp16" and dev == "cpu":
+            allowed = "'fp32' or 'bf16'" if cpu_supports_bf16() else "'fp32' (this CPU has no bf16 either)"
+            out.append(f"{field}: got 'fp16' on a CPU; allowed here: {allowed}")
+        if value == "bf16":
+            if dev == "cpu" and not cpu_supports_bf16():
+                allowed = "'fp32'" if field == "distributed.precision" else "'none'"
+                out.append(f"{field}: got 'bf16' but this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag); allowed here: {allowed}")
+            if dev == "cuda" and torch.cuda.is_available() and not gpu_supports_bf16():
+                cap = ".".join(map(str, torch.cuda.get_device_capability(0)))
+                allowed = "'fp16' or 'fp32'" if field == "distributed.precision" else "'none'"
+                out.append(f"{field}: got 'bf16' but {on} (compute capability {cap}) has no bf16; allowed here: {allowed}")
+    mb = p.rollout_batch_size // p.num_minibatches
+    gas = d.gradient_accumulation
+    if mb % world:
+        out.append(
+            f"ppo.rollout_batch_size: got {p.rollout_batch_size} with ppo.num_minibatches={p.num_minibatches} on {world} ranks; "
+            f"allowed: a multiple of num_minibatches x ranks = {p.num_minibatches * world} (every rank takes an equal share of each minibatch)"
+        )
+    elif (mb // world) % gas:
+        out.append(
+            f"distributed.gradient_accumulation: got {gas}; allowed: a divisor of the {mb // world} rows each rank takes per minibatch "
+            f"(ppo.rollout_batch_size / ppo.num_minibatches / ranks = {p.rollout_batch_size}/{p.num_minibatches}/{world})"
+        )
+    if p.ptx_coef > 0 and p.ptx_batch_size % (world * gas):
+        out.append(f"ppo.ptx_batch_size: got {p.ptx_batch_size}; allowed: a multiple of ranks x distributed.gradient_accumulation = {world * gas}")
+    if dev == "cuda" and launched_world_size() is not None and torch.cuda.is_available():
+        lr = int(os.environ.get("LOCAL_RANK", "0"))
+        if lr >= torch.cuda.device_count():
+            out.append(f"LOCAL_RANK={lr}: only {torch.cuda.device_count()} GPU(s) visible on this machine; allowed: --nproc_per_node <= {torch.cuda.device_count()}")
+    return out
+
+
+def check(cfg: TrainConfig) -> None:
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_deepspeed(backend: str, device_type: str) -> None:
+    if device_type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if os.environ.get("HARNESS_DS_SHM_COMM") != "1":
+            # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes on a small
+            # machine) that only speeds up CPU-to-CPU collectives; gloo does the same job.
+            import importlib
+
+            mod = importlib.import_module("deepspeed.comm.torch")
+            if hasattr(mod, "build_shm_op"):
+                mod.build_shm_op = lambda: None
+    import warnings
+
+    import deepspeed
+
+    # DeepSpeed calls torch collectives torch 2.13 renamed; one FutureWarning per call otherwise
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+
+
+def setup(cfg: TrainConfig) -> DistEnv:
+    """Validate (ConfigError before any model is built) and join the job's process group.
+
+    A launched process (WORLD_SIZE set) joins via env:// (gloo on CPU, nccl on GPU); a one-process
+    DeepSpeed run gets a private one-member group. Idempotent within a process.
+    """
+    check(cfg)
+    launched = launched_world_size() is not None
+    if not (launched or cfg.distributed.deepspeed):
+        return DistEnv()
+    import torch.distributed as dist
+
+    device_type = _resolve_device_type(cfg)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        if launched:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    if cfg.distributed.deepspeed and not launched:
+        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it; WORLD_SIZE stays unset (it marks launched jobs)
+    if cfg.distributed.deepspeed:
+        _init_deepspeed(backend, device_type)
+    return DistEnv(dist.get_world_size(), dist.get_rank(), local_rank, dist.get_backend())
+
+
+def teardown() -> None:
+    """Leave the process group (end of `python -m harness.train`)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def ds_config(cfg: TrainConfig, world_size: int, *, train: bool, on_gpu: bool) -> dict:
+    """The DeepSpeed config dict a run's settings map to (micro-batch = one rank's share of a
+    minibatch split into `gradient_accumulation` pieces)."""
+    d, p = cfg.distributed, cfg.ppo
+    mb = p.rollout_batch_size // p.num_minibatches
+    gas = d.gradient_accumulation if train else 1
+    micro = max(1, mb // (world_size * d.gradient_accumulation))
+    zero: dict[str, Any] = {"stage": d.zero_stage if train or d.zero_stage == 3 else 0}
+    if train and d.offload_optimizer and d.zero_stage > 0:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
+    if d.offload_params and d.zero_stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": micro * gas * world_size,
+        "gradient_clipping": float(p.max_grad_norm) if train else 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": d.precision == "bf16"},
+        "fp16": {"enabled": d.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "zero_allow_untested_optimizer": True,  # our own torch AdamW: no DeepSpeed op to compile
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _no_dropout(module: torch.nn.Module) -> None:
+    """Zero every dropout so train mode (needed by HF gradient checkpointing) equals eval mode."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for attr in ("attention_dropout", "dropout", "attn_dropout_p"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+
+
+def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
+    target = module.trunk if hasattr(module, "trunk") else module
+    if not hasattr(target, "gradient_checkpointing_enable"):
+        raise ConfigError([f"distributed.gradient_checkpointing: got true but {type(target).__name__} does not support it; allowed: false"])
+    _no_dropout(module)
+    target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+class Engine:
+    """Policy or critic with its AdamW and learning-rate schedule: a DeepSpeed engine, or plain
+    torch with gradients summed across ranks by hand. `backward` takes the globally normalized
+    micro-batch loss; every `gradient_accumulation`-th call steps the optimizer."""
+
+    def __init__(self, module: torch.nn.Module, lr: float, schedule: Callable[[int], float], cfg: TrainConfig,
+                 env: DistEnv, device: torch.device):
+        self.module, self.cfg, self.env = module, cfg, env
+        # fused AdamW: one kernel per parameter instead of ~10 elementwise ops (same update, ~3x cheaper on CPU)
+        self.opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=cfg.ppo.weight_decay,
+                                     fused=device.type in ("cpu", "cuda"))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+        self.ds = cfg.distributed.deepspeed
+        self.stage = cfg.distributed.zero_stage if self.ds else 0
+        self.gas = cfg.distributed.gradient_accumulation
+        self.ckpt = cfg.distributed.gradient_checkpointing
+        self.engine = None
+        if self.ckpt:
+            enable_gradient_checkpointing(module)
+        if self.ds:
+            import deepspeed
+
+            self.engine, self.ds_opt, _, _ = deepspeed.initialize(
+                model=module, optimizer=self.opt, lr_scheduler=self.sched,
+                config=ds_config(cfg, env.world_size, train=True, on_gpu=device.type == "cuda"),
+            )
+            self.engine.eval()
+        self._micro = 0
+
+    @property
+    def keeps_graphs(self) -> bool:
+        """Whether a forward made outside `training()` may be back-propagated later (plain torch,
+        one micro-batch per step, no activation recomputation)."""
+        return self.engine is None and self.gas == 1 and not self.ckpt
+
+    @property
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
+
+    def forward(self, *args, logits_to_keep: int | None = None, **kwargs):
+        """The engine's (or module's) forward; `logits_to_keep` passes through to HF causal LMs."""
+        if logits_to_keep is not None:
+            kwargs["logits_to_keep"] = logits_to_keep
+        return (self.engine or self.module)(*args, **kwargs)
+
+    __call__ = forward
+
+    @contextlib.contextmanager
+    def training(self):
+        """Train mode only matters for gradient checkpointing (dropout is zeroed then)."""
+        if not self.ckpt:
+            yield
+            return
+        (self.engine or self.module).train()
+        try:
+            yield
+        finally:
+            (self.engine or self.module).eval()
+
+    def backward(self, loss: torch.Tensor) -> float | None:
+        """Accumulate one micro-batch; the last of `gas` steps the optimizer and returns the
+        global gradient norm before clipping (None before that)."""
+        self._micro += 1
+        last = self._micro == self.gas
+        if self.engine is not None:
+            # DeepSpeed averages over ranks; our loss is already a share of the global mean.
+            self.engine.backward(loss * self.env.world_size, scale_wrt_gas=False)
+            norm = None
+            if last and self.stage == 0:
+                norm = self._grad_norm()
+            self.engine.step()
+            if not last:
+                return None
+            self._micro = 0
+            if norm is None:
+                g = self.engine.get_global_grad_norm()
+                norm = float(g) if g is not None else float("nan")
+            if not math.isfinite(norm) and self.cfg.distributed.precision != "fp16":
+                raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
+            return norm
+        loss.backward()
+        if not last:
+            return None
+        self._micro = 0
+        params = [q for q in self.module.parameters() if q.grad is not None]
+        if self.env.active:  # one all-reduce of all gradients, flattened
+            flat = self.env.all_reduce(torch.cat([q.grad.reshape(-1) for q in params]))
+            for q, g in zip(params, flat.split([q.numel() for q in params])):
+                q.grad.copy_(g.view_as(q.grad))
+        max_norm = self.cfg.ppo.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if not torch.isfinite(norm):
+            raise NonFiniteLoss(f"gradient norm is {norm.item()} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return norm.item()
+
+    def _grad_norm(self) -> float:
+        grads = [q.grad.detach().float() for q in self.module.parameters() if q.grad is not None]
+        if not grads:
+            return 0.0
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+    # ---------------------------------------------------------------- consolidated state
+    def _partitioned(self) -> bool:
+        return self.engine is not None and self.stage > 0
+
+    def full_state(self) -> tuple[dict, dict]:
+        """(module state_dict, torch AdamW state_dict) with full fp32 tensors on CPU.
+
+        Collective under ZeRO (call on every rank); ranks other than 0 may drop the result.
+        """
+        if not self._partitioned():
+            opt = self.ds_opt if self.engine is not None else self.opt
+            return ({k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
+                    _cpu(opt.state_dict()))
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        keep = self.env.is_main
+        params = list(self.module.parameters())
+        full: dict[int, torch.Tensor] = {}
+        for q in params:
+            v = safe_get_full_fp32_param(q)
+            full[id(q)] = v.detach().float().cpu().reshape(_shape(q)) if keep else torch.empty(0)
+        weights = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            weights[name] = full[id(t)] if id(t) in full else t.detach().cpu().clone()
+        inner = self.ds_opt.optimizer
+        step = next((st["step"] for st in inner.state.values() if "step" in st), None)
+        state: dict[int, dict] = {}
+        if step is not None:
+            for i, q in enumerate(params):
+                ent = {"step": torch.as_tensor(step, dtype=torch.float32).detach().cpu().clone()}
+                for k in ("exp_avg", "exp_avg_sq"):
+                    v = safe_get_full_optimizer_state(q, k)
+                    ent[k] = v.detach().float().cpu().reshape(_shape(q)) if keep else torch.empty(0)
+                state[i] = ent
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(range(len(params)))} for g in inner.param_groups[:1]]
+        return weights, {"state": state, "param_groups": groups}
+
+    def load_full_state(self, weights: dict, opt_state: dict | None) -> None:
+        """Inverse of `full_state`, from any world size or stage (or a single-process checkpoint)."""
+        if not self._partitioned():
+            self.module.load_state_dict(weights)
+            if opt_state is not None:
+                (self.ds_opt if self.engine is not None else self.opt).load_state_dict(opt_state)
+            return
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        named = dict(self.module.named_parameters())
+        params = list(self.module.parameters())
+        missing = [k for k in named if k not in weights]
+        if missing:
+            raise KeyError(f"checkpoint lacks weights for {missing[:5]}")
+        if self.stage == 3:
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                if self.env.is_main:
+                    for k, q in named.items():
+                        q.data.copy_(weights[k].to(q.dtype))
+        else:
+            for k, q in named.items():
+                q.data.copy_(weights[k].to(device=q.device, dtype=q.dtype))
+        for k, q in named.items():
+            safe_set_full_fp32_param(q, weights[k].to(q.device if q.numel() else _ds_device()).float())
+        for name, buf in self.module.named_buffers():
+            if name in weights:
+                buf.copy_(weights[name].to(buf.dtype))
+        if opt_state is None or not opt_state.get("state"):
+            return
+        inner = self.ds_opt.optimizer
+        # AdamW creates its state at the first step; make it now for the flat fp32 partitions
+        # (ZeRO-3 only lists them in param_groups during step)
+        flat = (getattr(self.ds_opt, "fp32_partitioned_groups_flat", None) or getattr(self.ds_opt, "single_partition_of_fp32_groups", None)
+                or [fp for g in inner.param_groups for fp in g["params"]])
+        on_device = any(g.get("fused") or g.get("capturable") for g in inner.param_groups)  # step tensor beside the params
+        for fp in flat:
+            if fp not in inner.state or "exp_avg" not in inner.state[fp]:
+                step0 = torch.tensor(0.0, dtype=torch.float32, device=fp.device if on_device else "cpu")
+                inner.state[fp] = {"step": step0, "exp_avg": torch.zeros_like(fp), "exp_avg_sq": torch.zeros_like(fp)}
+        if hasattr(self.ds_opt, "_hp_optimizer_states_linked"):
+            self.ds_opt._hp_optimizer_states_linked = False
+            self.ds_opt._lazy_init_hp_params_optimizer_state()
+        step = None
+        for i, q in enumerate(params):
+            ent = opt_state["state"].get(i) or opt_state["state"].get(str(i))
+            if ent is None:
+                continue
+            step = ent["step"]
+            for k in ("exp_avg", "exp_avg_sq"):
+                safe_set_full_optimizer_state(q, ent[k].to(_ds_device()).float(), k)
+        if step is not None:
+            for st in inner.state.values():
+                st["step"] = torch.as_tensor(step, dtype=torch.float32).clone().to(st["step"].device)
+        saved = opt_state["param_groups"][0]
+        for g in inner.param_groups:
+            for k, v in saved.items():
+                if k != "params" and k in g:
+                    g[k] = v
+
+
+def _shape(q: torch.Tensor) -> torch.Size:
+    return getattr(q, "ds_shape", q.shape)
+
+
+def _ds_device() -> torch.device:
+    from deepspeed.accelerator import get_accelerator
+
+    return torch.device(get_accelerator().current_device_name())
+
+
+def _cpu(obj: Any) -> Any:
+    if torch.is_tensor(obj):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu(v) for v in obj]
+    return obj
+
+
+def frozen(module: torch.nn.Module, cfg: TrainConfig, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    """Reference / reward model: sharded by a ZeRO-3 inference engine at stage 3, else the module
+    itself (`Models` loaded it in the run's precision). Returns what forward calls go to."""
+    d = cfg.distributed
+    if d.deepspeed and d.zero_stage == 3:
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=module, config=ds_config(cfg, env.world_size, train=False, on_gpu=device.type == "cuda"))
+        engine.eval()
+        return engine.module
+    return module
+
+
+def agree_stop(env: DistEnv, stop: bool, run_dir: Path) -> bool:
+    """Rank 0's stop decision (callback or a STOP file in the run folder), the same on every rank."""
+    if env.is_main:
+        f = Path(run_dir) / STOP_FILE
+        if f.exists():
+            f.unlink(missing_ok=True)  # honoured once: a later --resume runs on
+            stop = True
+    return bool(env.broadcast_object(stop))
