@@ -781,8 +781,10 @@ class TrialObjective:
 def _worker(spec: SweepSpec, storage_url: str, tracking_uri: str, parent_run_id: str | None,
             target: int, worker: int, seed_offset: int, threads: int | None) -> None:
     """One worker process (or the sweep process itself): Optuna's own loop on the shared storage,
-    until the study holds `target` trials (every state counts: running and queued ones too)."""
+    until the study holds `target` started trials (running ones of every process count; queued
+    ones are run first by whichever worker asks next)."""
     import optuna
+    from optuna.trial import TrialState
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
@@ -793,7 +795,7 @@ def _worker(spec: SweepSpec, storage_url: str, tracking_uri: str, parent_run_id:
     with lock.read_lock() if lock else contextlib.nullcontext():
         study, _ = open_study(spec, storage_url, tracking_uri, seed_offset + worker)
         study.optimize(TrialObjective(spec, parent_run_id, tracking_uri, threads, worker), catch=(Exception,),
-                       callbacks=[optuna.study.MaxTrialsCallback(target, states=None)])
+                       callbacks=[optuna.study.MaxTrialsCallback(target, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING))])
 
 
 def _parent_run(spec: SweepSpec, study: Any, tracking_uri: str, storage_url: str) -> str:
