@@ -213,32 +213,21 @@ def concise_table(spec: SweepView, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mlflow_runs_by_trial(sweep: str, tracking_uri: str | None, notes: list[str] | None) -> dict[int, list[str]]:
-    if not tracking_uri:
-        return {}
-    try:
-        from harness import tracking
-        from harness.keys import TAG_SWEEP, TAG_TRIAL
+    """{trial number: its seed runs' ids} from the MLflow child runs tagged with the sweep."""
+    from harness import tracking
+    from harness.keys import TAG_SWEEP, TAG_TRIAL
+    from harness.sweep import mask_url
 
-        c = tracking.client(tracking_uri)
-        exp = c.get_experiment_by_name(sweep)
-        if exp is None:
-            return {}
-        out: dict[int, list[str]] = {}
-        token = None
-        while True:
-            page = c.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_SWEEP}` = '{sweep}'", max_results=1000, page_token=token)
-            for r in page:
-                trial = r.data.tags.get(TAG_TRIAL)
-                if trial is not None and trial.isdigit():
-                    out.setdefault(int(trial), []).append(r.info.run_id)
-            token = page.token
-            if not token:
-                break
-        return out
+    out: dict[int, list[str]] = {}
+    try:
+        exp = tracking.client(tracking_uri).get_experiment_by_name(sweep) if tracking_uri else None
+        for r in tracking.client(tracking_uri).search_runs([exp.experiment_id], f"tags.`{TAG_SWEEP}` = '{sweep}'", max_results=50000) if exp else []:
+            if r.data.tags.get(TAG_TRIAL, "").isdigit():
+                out.setdefault(int(r.data.tags[TAG_TRIAL]), []).append(r.info.run_id)
     except Exception as e:
         if notes is not None:
-            notes.append(f"MLflow runs not read from {tracking_uri}: {type(e).__name__}: {e}")
-        return {}
+            notes.append(f"MLflow runs not read from {mask_url(tracking_uri or '')}: {type(e).__name__}: {e}")
+    return out
 
 
 def best_trial(spec: SweepView, table: pd.DataFrame) -> dict[str, Any]:
@@ -301,10 +290,6 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _objective_label(spec: SweepView) -> str:
-    return f"{spec.metric} ({spec.direction}, last {spec.last_steps} steps)"
-
-
 def _y_for(row: pd.Series) -> float | None:
     """Where a trial sits on an objective axis: its value, else its last running objective."""
     if row["value"] is not None and not pd.isna(row["value"]):
@@ -312,6 +297,12 @@ def _y_for(row: pd.Series) -> float | None:
     if row["last_intermediate"] is not None and not pd.isna(row["last_intermediate"]):
         return float(row["last_intermediate"])
     return None
+
+
+def _bottom(table: pd.DataFrame) -> float:
+    """Just below the lowest objective: where trials without one (failed) sit."""
+    ys = [v for v in (_y_for(r) for _, r in table.iterrows()) if v is not None]
+    return min(ys) - 0.08 * ((max(ys) - min(ys)) or 1.0) if ys else 0.0
 
 
 def _scatter_by_outcome(ax, table: pd.DataFrame, x, y, bottom: float | None = None, c=None, cmap=None, norm=None):
@@ -348,11 +339,7 @@ def plot_history(spec: SweepView, study: Any, table: pd.DataFrame, importances: 
         return None
     fig = _figure(2.8)
     ax = fig.add_subplot()
-    ys = [v for v in (_y_for(r) for _, r in table.iterrows()) if v is not None]
-    lo = min(ys) if ys else 0.0
-    span = (max(ys) - lo) if ys else 1.0
-    bottom = lo - 0.08 * (span or 1.0)
-    _scatter_by_outcome(ax, table, x=lambda r: r["number"], y=_y_for, bottom=bottom)
+    _scatter_by_outcome(ax, table, x=lambda r: r["number"], y=_y_for, bottom=_bottom(table))
     done = table[(table["state"] == "COMPLETE") & table["value"].notna()].sort_values("number")
     if len(done):
         best = done["value"].cummax() if spec.direction == "maximize" else done["value"].cummin()
@@ -391,9 +378,7 @@ def plot_pair(spec: SweepView, study: Any, table: pd.DataFrame, importances: dic
     if len(keys) == 1:  # one numeric axis: objective against it
         key = keys[0]
         dim = spec.search_space[key]
-        ys = [v for v in (_y_for(r) for _, r in table.iterrows()) if v is not None]
-        bottom = (min(ys) - 0.08 * ((max(ys) - min(ys)) or 1.0)) if ys else 0.0
-        _scatter_by_outcome(ax, table, x=lambda r: r[key], y=_y_for, bottom=bottom)
+        _scatter_by_outcome(ax, table, x=lambda r: r[key], y=_y_for, bottom=_bottom(table))
         ax.set_xscale("log" if dim.get("log") else "linear")
         ax.set_xlabel(key)
         ax.set_ylabel(spec.metric)

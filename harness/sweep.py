@@ -889,25 +889,15 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
         raise
     finally:
         counts = trial_counts(study)
-        best = _best(study)
+        best = next(iter(study.best_trials), None)  # the best COMPLETE trial, if any
         metrics = {f"sweep/n_{k}": v for k, v in counts.items()}
         if best:
-            metrics[keys.SWEEP_OBJECTIVE] = best["value"]
-            tracking.set_tags(tracking_uri, parent_run_id, {"harness.best_trial": str(best["number"]), "harness.best_params": json.dumps(best["params"])[:5000]})
+            metrics[keys.SWEEP_OBJECTIVE] = best.value
+            tracking.set_tags(tracking_uri, parent_run_id, {"harness.best_trial": str(best.number), "harness.best_params": json.dumps(best.params)[:5000]})
         tracking.MetricLogger(tracking_uri, parent_run_id).log(metrics, step=len(study.get_trials(deepcopy=False)))
         tracking.end_run(tracking_uri, parent_run_id, status=status)
     return {"counts": counts, "best": best, "parent_run_id": parent_run_id, "worker_errors": errors,
             "storage_url": storage_url, "tracking_uri": tracking_uri}
-
-
-def _best(study: Any) -> dict[str, Any]:
-    from optuna.trial import TrialState
-
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not done:
-        return {}
-    t = max(done, key=lambda t: t.value) if study.direction.name == "MAXIMIZE" else min(done, key=lambda t: t.value)
-    return {"number": t.number, "value": t.value, "params": t.params, "collapsed": bool(t.user_attrs.get("collapsed"))}
 
 
 def plots_command(spec: SweepSpec, storage_url: str, tracking_uri: str) -> str:
@@ -967,8 +957,8 @@ def main(argv: list[str] | None = None) -> int:
     c, best = result["counts"], result["best"]
     print(f"\n== sweep {spec.name}: {c['counted']} trials finished, {c['interrupted']} interrupted, {c['running']} running elsewhere ==")
     if best:
-        print(f"best trial {best['number']}: {spec.metric} = {best['value']:.6g} ({spec.direction})" + (" (collapsed)" if best["collapsed"] else ""))
-        for k, v in best["params"].items():
+        print(f"best trial {best.number}: {spec.metric} = {best.value:.6g} ({spec.direction})" + (" (collapsed)" if best.user_attrs.get("collapsed") else ""))
+        for k, v in best.params.items():
             print(f"  {k} = {_fmt(v)}")
     else:
         print("no completed trial yet")

@@ -19,6 +19,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
+from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import URL
 
@@ -89,6 +90,9 @@ class PasswordSQLite(SQLiteDialect_pysqlite):
 
     def create_connect_args(self, url):
         return super().create_connect_args(URL.create("sqlite", database=url.database, query=url.query))
+
+
+registry.register("sqlite.pw", __name__, "PasswordSQLite")
 
 
 def load_study(tmp_path: Path, name: str) -> optuna.Study:
@@ -185,6 +189,15 @@ def test_urls_are_masked():
     assert sweep.mask_url("postgresql://user:s3cret@db:5432/optuna") == "postgresql://user:***@db:5432/optuna"
     assert sweep.mask_url("http://me:p%40ss@mlflow:5000") == "http://me:***@mlflow:5000"
     assert sweep.mask_url("sqlite:////tmp/optuna.db") == "sqlite:////tmp/optuna.db"
+
+
+def test_plots_cli_masks_the_storage_password_in_its_errors(tmp_path, capsys):
+    from analysis import sweep_plots
+
+    store = f"sqlite+pw://me:s3cret@/{tmp_path / 'optuna.db'}"
+    assert sweep_plots.main(["nope", "--tracking-uri", uri(tmp_path), "--storage", store]) == 2
+    err = capsys.readouterr().err
+    assert "no Optuna study named 'nope' in sqlite+pw://me:***@/" in err and "s3cret" not in err
 
 
 # ---------------------------------------------------------------------------- end to end (tiny world)
@@ -332,9 +345,6 @@ def test_two_sweep_processes_started_at_once_on_a_fresh_store_both_succeed(tmp_p
 
 @pytest.mark.slow
 def test_passwords_in_the_urls_are_written_nowhere(tmp_path, tiny_world, capsys, monkeypatch):
-    from sqlalchemy.dialects import registry
-
-    registry.register("sqlite.pw", __name__, "PasswordSQLite")
     monkeypatch.chdir(tmp_path)  # MLflow artifacts of a non-file store go to ./mlruns
     tracking, store = (f"sqlite+pw://me:s3cret@/{tmp_path / n}" for n in ("mlflow.db", "optuna.db"))
     path = write_sweep(tmp_path, tiny_world, "pw_sweep", trials=1)
