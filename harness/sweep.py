@@ -57,6 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
+import filelock
+import optuna
+import sqlalchemy
+from optuna.trial import TrialState
 from pydantic import Field, FiniteFloat, model_validator
 
 from harness import config, keys, schema
@@ -471,8 +475,6 @@ def _sqlite_file(url: str) -> Path | None:
 def _creation_lock(storage_url: str) -> Any:
     """Creating a store and a study is serialized by a file lock next to a sqlite store: two sweeps
     started at once on a fresh store race in the schema creation otherwise. Servers need none."""
-    import filelock
-
     db = _sqlite_file(storage_url)
     if db is None:
         return contextlib.nullcontext()
@@ -483,8 +485,6 @@ def _creation_lock(storage_url: str) -> Any:
 def _run_lock(storage_url: str, name: str) -> Any:
     """The study's run lock next to a sqlite store: every sweep process holds it shared while it runs,
     so a process that gets it exclusively knows no other sweep of the study is alive."""
-    import filelock
-
     db = _sqlite_file(storage_url)
     return filelock.ReadWriteLock(f"{db}.{name}.run.lock", is_singleton=False) if db else None
 
@@ -492,8 +492,6 @@ def _run_lock(storage_url: str, name: str) -> Any:
 @contextlib.contextmanager
 def _alone(lock: Any) -> typing.Iterator[bool]:
     """Yields True while holding the run lock exclusively, False when another sweep process holds it."""
-    import filelock
-
     if lock is None:
         yield False
         return
@@ -517,8 +515,6 @@ class StaleTrialCallback:
     name: str
 
     def __call__(self, study: Any, trial: Any) -> None:
-        import optuna
-
         from harness import tracking
 
         c = tracking.client(self.tracking_uri)
@@ -537,9 +533,6 @@ def make_storage(url: str, tracking_uri: str, name: str) -> Any:
 
     On sqlite every transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins only at the
     first write, so two workers could both read a queued trial as WAITING and both run it."""
-    import optuna
-    import sqlalchemy
-
     engine_kwargs = ({"connect_args": {"timeout": SQLITE_TIMEOUT_S, "isolation_level": None}}
                      if url.startswith("sqlite") else {"pool_pre_ping": True})
     with warnings.catch_warnings():
@@ -554,8 +547,6 @@ def make_storage(url: str, tracking_uri: str, name: str) -> Any:
 
 def make_sampler(spec: SweepSpec, seed_offset: int = 0) -> Any:
     """The sweep's sampler; `seed_offset` keeps workers and continued runs from repeating draws."""
-    import optuna
-
     s = spec.file.sampler
     seed = None if s.seed is None else s.seed + seed_offset
     if s.name == "grid":
@@ -569,7 +560,6 @@ def make_sampler(spec: SweepSpec, seed_offset: int = 0) -> Any:
 
 
 def make_pruner(spec: SweepSpec) -> Any:
-    import optuna
 
     p = spec.file.pruner
     if p.name == "none":
@@ -583,8 +573,6 @@ def make_pruner(spec: SweepSpec) -> Any:
 
 def open_study(spec: SweepSpec, storage_url: str, tracking_uri: str, seed_offset: int = 0) -> tuple[Any, Any]:
     """(study, its storage): create the study (named after the sweep) or load it to continue."""
-    import optuna
-
     with _creation_lock(storage_url):
         storage = make_storage(storage_url, tracking_uri, spec.name)
         study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.direction, load_if_exists=True,
@@ -599,9 +587,6 @@ def open_study(spec: SweepSpec, storage_url: str, tracking_uri: str, seed_offset
 def fail_running_trials(study: Any, storage: Any) -> list[int]:
     """Fail every RUNNING trial as interrupted and run the storage's stale-trial callback on it: for a
     process alone with the study (see _run_lock), where every RUNNING trial's worker is dead."""
-    import optuna
-    from optuna.trial import TrialState
-
     study_id = storage.get_study_id_from_name(study.study_name)
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -616,8 +601,6 @@ def fail_running_trials(study: Any, storage: Any) -> list[int]:
 
 def trial_counts(study: Any) -> dict[str, int]:
     """Trials that count toward the total (an outcome), were interrupted, are running or queued."""
-    from optuna.trial import TrialState
-
     counts = {"counted": 0, "interrupted": 0, "running": 0, "waiting": 0}
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.FAIL and ATTR_OUTCOME not in t.user_attrs:
@@ -700,8 +683,6 @@ class TrialObjective:
         return cfg
 
     def __call__(self, trial: Any) -> float:
-        import optuna
-
         from harness import tracking
         from harness.train import train  # lazy: torch is only needed inside a trial
 
@@ -769,8 +750,6 @@ class TrialObjective:
         return value
 
     def _worst_so_far(self, trial: Any, fallback: float) -> float:
-        from optuna.trial import TrialState
-
         values = [t.value for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))] + [fallback]
         return min(values) if self.spec.direction == "maximize" else max(values)
 
@@ -783,9 +762,6 @@ def _worker(spec: SweepSpec, storage_url: str, tracking_uri: str, parent_run_id:
     """One worker process (or the sweep process itself): Optuna's own loop on the shared storage,
     until the study holds `target` started trials (running ones of every process count; queued
     ones are run first by whichever worker asks next)."""
-    import optuna
-    from optuna.trial import TrialState
-
     if threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
     # TrialObjective prints every outcome (with the traceback of a real error); Optuna's own
@@ -828,8 +804,6 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
 
     Torch threads per trial: `threads`, else the config's `threads` when set, else (with several
     workers) the CPUs split evenly between the workers."""
-    import optuna
-
     from harness import tracking
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
