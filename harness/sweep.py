@@ -241,6 +241,8 @@ class SweepSpec:
     """The axes with type, choices and grid resolved."""
     metric: str
     """The objective metric (`auto` resolved)."""
+    tracking_uri: str
+    """Where trials log (--tracking-uri, else the train config's)."""
     seeds: list[int]
     trials: int
     steps: int
@@ -253,10 +255,6 @@ class SweepSpec:
     @property
     def direction(self) -> str:
         return self.file.direction
-
-    @property
-    def keys(self) -> list[str]:
-        return list(self.space)
 
     def to_attr(self) -> dict[str, Any]:
         """What analysis.sweep_plots needs, stored as the study's ATTR_SWEEP user attr."""
@@ -417,7 +415,7 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: list[str] | None = 
     if not seeds or len(set(seeds)) < len(seeds):
         problems.append(f"seeds: got {f.seeds!r}; allowed: a count >= 1 or a list of distinct integers")
     grid_size = math.prod(len(d.grid or []) for d in space.values())
-    n_trials = trials or f.trials or (grid_size if f.sampler.name == "grid" else 16)
+    n_trials = trials if trials is not None else f.trials or (grid_size if f.sampler.name == "grid" else 16)
     if n_trials < 1:
         problems.append(f"--trials: got {n_trials}; allowed: an integer >= 1 (the study's total)")
     if f.sampler.name == "grid" and space and n_trials > grid_size:
@@ -447,7 +445,7 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: list[str] | None = 
         problems.append(f"plots.pair: got {pair!r}; allowed: two numeric search-space keys from {numeric}")
     if problems:
         raise ConfigError([f"{src}: {p}" for p in problems])
-    return SweepSpec(file=f, path=path, base_config=data, space=space, metric=metric, seeds=seeds,
+    return SweepSpec(file=f, path=path, base_config=data, space=space, metric=metric, tracking_uri=cfg.logging.tracking_uri, seeds=seeds,
                      trials=n_trials, steps=cfg.ppo.steps, plot_pair=pair)
 
 
@@ -799,7 +797,7 @@ def _parent_run(spec: SweepSpec, study: Any, tracking_uri: str, storage_url: str
 
 
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = None,
-              tracking_uri: str | None = None, threads: int | None = None) -> dict[str, Any]:
+              threads: int | None = None) -> dict[str, Any]:
     """Run the study up to spec.trials total trials; returns counts, best trial, parent run, worker errors.
 
     Torch threads per trial: `threads`, else the config's `threads` when set, else (with several
@@ -807,7 +805,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     from harness import tracking
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tracking_uri = tracking_uri or spec.base_config["logging"]["tracking_uri"]
+    tracking_uri = spec.tracking_uri
     storage_url = storage_url or default_storage_url(tracking_uri)
     with _creation_lock(storage_url):  # one parent run even when two sweeps start at once
         study, storage = open_study(spec, storage_url, tracking_uri)
@@ -921,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in spec.to_attr()["search_space"].items():
                 print(f"  {k}: {json.dumps(v)}")
             return 0
-        result = run_sweep(spec, workers=args.workers, storage_url=args.storage, threads=args.threads, tracking_uri=args.tracking_uri)
+        result = run_sweep(spec, workers=args.workers, storage_url=args.storage, threads=args.threads)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
