@@ -113,7 +113,8 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
         study = optuna.load_study(study_name=name, storage=storage_url)
     except KeyError:
         raise KeyError(f"no Optuna study named {name!r} in {mask_url(storage_url)}; run `python -m harness.sweep` on its sweep file first") from None
-    return summary_for_study(SweepView.of(study), study, tracking_uri, Path(out_dir) if out_dir else Path("reports") / name)
+    view = SweepView.of(study)  # its name was checked by harness.sweep: one safe path component
+    return summary_for_study(view, study, tracking_uri, Path(out_dir) if out_dir else Path("reports") / view.name)
 
 
 # ----------------------------------------------------------------------------------------------
