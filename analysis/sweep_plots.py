@@ -1,5 +1,6 @@
 """The summary of an Optuna sweep (harness/sweep.py): trials table, best trial, importances, plots.
 
+    python -m analysis.sweep_plots sweep_delta_eta        # also logs them to the sweep's parent run
     sweep_summary("ablations/sweep_delta_eta.yaml", "sqlite:///mlflow.db")
     -> {"figures": [PNG paths], "table": DataFrame, "best": {...}, "importances": {...}, ...}
 
@@ -24,9 +25,12 @@ Also writes sweep_trials.csv and sweep_best.json next to the figures.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,38 +54,71 @@ OUTCOME_STYLE = {  # marker, color, filled
 }
 
 
-def sweep_summary(sweep_yaml_path: str | Path, tracking_uri: str, storage_url: str | None = None,
-                  *, out_dir: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Summary of the stored study of a sweep file; figures under out_dir (default reports/<name>/).
+@dataclass
+class SweepView:
+    """What the plots need of a sweep, read back from its study (harness.sweep stores it as the
+    study's `sweep` user attr), so a summary needs neither the sweep file nor its train config."""
 
-    Keys: figures (PNG paths), table (one row per trial, concise; table_full has every
-    column), best ({} when nothing completed:
-    number, value, params, collapsed, mlflow_run_ids), importances ({key: share}, {} with a note
-    when there are too few completed trials), notes, n_by_outcome, table_csv, best_json.
+    name: str
+    direction: str
+    metric: str
+    last_steps: int
+    seeds: list[int]
+    steps: int
+    pruner: str
+    plot_pair: list[str]
+    search_space: dict[str, dict[str, Any]]
+    """key -> {type, low, high, log, step, choices, grid} as resolved by harness.sweep."""
+    title: str = ""
+    sweep_file: str = ""
+
+    @classmethod
+    def of(cls, study: Any) -> "SweepView":
+        from harness.sweep import ATTR_SWEEP
+
+        attr = study.user_attrs.get(ATTR_SWEEP)
+        if not attr:
+            raise ValueError(f"study {study.study_name!r} holds no `{ATTR_SWEEP}` attribute: it was not run by harness.sweep")
+        return cls(**attr)
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.search_space)
+
+    def numeric(self, key: str) -> bool:
+        return self.search_space[key]["type"] != "categorical"
+
+
+def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_url: str | None = None,
+                  *, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Summary of a stored sweep study: `sweep` is its name or its sweep YAML (whose `name` is used).
+
+    Defaults: the train config's default tracking URI, the Optuna store next to it, figures under
+    reports/<name>/. Keys: figures (PNG paths), table (one row per trial, concise; table_full has
+    every column), best ({} when nothing completed: number, value, params, collapsed,
+    mlflow_run_ids), importances ({key: share}; {} with a note when too few trials completed),
+    notes, n_by_outcome, table_csv, best_json, parent_run_id.
     """
     import optuna
 
-    from harness.sweep import default_storage_url, make_storage
+    from harness.config import from_dict
+    from harness.schema import read_yaml
+    from harness.sweep import default_storage_url, mask_url
 
-    spec = _load_spec_loosely(sweep_yaml_path, overrides, tracking_uri)
+    name = str(read_yaml(sweep, "sweep file").get("name")) if Path(sweep).suffix in (".yaml", ".yml") else str(sweep)
+    tracking_uri = tracking_uri or from_dict({}).logging.tracking_uri
     storage_url = storage_url or default_storage_url(tracking_uri)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=spec.name, storage=make_storage(storage_url))
+        study = optuna.load_study(study_name=name, storage=storage_url)
     except KeyError:
-        raise KeyError(f"no Optuna study named {spec.name!r} in {storage_url}; run `python -m harness.sweep {sweep_yaml_path}` first") from None
-    return summary_for_study(spec, study, tracking_uri, Path(out_dir) if out_dir else Path("reports") / spec.name)
-
-
-def _load_spec_loosely(path: str | Path, overrides: list[str] | None, tracking_uri: str):
-    """The sweep spec; a report drawn later must not fail because the world dir moved."""
-    from harness.sweep import load_sweep
-
-    return load_sweep(path, overrides, tracking_uri=tracking_uri, check_data=False)
+        raise KeyError(f"no Optuna study named {name!r} in {mask_url(storage_url)}; run `python -m harness.sweep` on its sweep file first") from None
+    view = SweepView.of(study)  # its name was checked by harness.sweep: one safe path component
+    return summary_for_study(view, study, tracking_uri, Path(out_dir) if out_dir else Path("reports") / view.name)
 
 
 # ----------------------------------------------------------------------------------------------
-def summary_for_study(spec: Any, study: Any, tracking_uri: str | None, out_dir: Path) -> dict[str, Any]:
+def summary_for_study(spec: SweepView, study: Any, tracking_uri: str | None, out_dir: Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -104,7 +141,7 @@ def summary_for_study(spec: Any, study: Any, tracking_uri: str | None, out_dir: 
     table.to_csv(table_csv, index=False)
     concise = concise_table(spec, table)
     best_json = out_dir / "sweep_best.json"
-    best_json.write_text(json.dumps({"sweep": spec.name, "objective": spec.objective.metric,
+    best_json.write_text(json.dumps({"sweep": spec.name, "objective": spec.metric,
                                      "direction": spec.direction, "best": best,
                                      "importances": importances}, indent=1, default=str))
     n_by_outcome = table["outcome"].value_counts().to_dict() if len(table) else {}
@@ -112,9 +149,15 @@ def summary_for_study(spec: Any, study: Any, tracking_uri: str | None, out_dir: 
         "figures": figures, "table": concise, "table_full": table, "best": best, "importances": importances,
         "notes": notes, "n_by_outcome": {str(k): int(v) for k, v in n_by_outcome.items()},
         "table_csv": str(table_csv), "best_json": str(best_json), "out_dir": str(out_dir),
-        "study_name": spec.name,
-        "parent_run_id": (study.user_attrs.get("mlflow_parent_runs") or {}).get(tracking_uri),
+        "study_name": spec.name, "tracking_uri": tracking_uri, "view": spec,
+        "parent_run_id": _parent_run_id(study, tracking_uri),
     }
+
+
+def _parent_run_id(study: Any, tracking_uri: str | None) -> str | None:
+    from harness.sweep import ATTR_PARENT_RUNS, mask_url
+
+    return (study.user_attrs.get(ATTR_PARENT_RUNS) or {}).get(mask_url(tracking_uri or ""))
 
 
 def _outcome(t: Any) -> str:
@@ -126,7 +169,7 @@ def _outcome(t: Any) -> str:
             TrialState.WAITING: "running", TrialState.FAIL: "interrupted"}[t.state]
 
 
-def trials_table(spec: Any, study: Any, tracking_uri: str | None, notes: list[str] | None = None) -> pd.DataFrame:
+def trials_table(spec: SweepView, study: Any, tracking_uri: str | None, notes: list[str] | None = None) -> pd.DataFrame:
     """One row per trial: number, state, outcome, value, one column per search-space key, collapse
     and prune details, seed scores, duration, and the trial's MLflow run ids (from MLflow when
     reachable, else from the trial's user attrs)."""
@@ -159,7 +202,7 @@ def trials_table(spec: Any, study: Any, tracking_uri: str | None, notes: list[st
     return pd.DataFrame(rows, columns=cols)
 
 
-def concise_table(spec: Any, table: pd.DataFrame) -> pd.DataFrame:
+def concise_table(spec: SweepView, table: pd.DataFrame) -> pd.DataFrame:
     """The columns a report shows: number, state, outcome, value, the searched keys, collapse /
     prune step, duration and a shortened failure reason (the CSV keeps everything)."""
     cols = ["number", "state", "outcome", "value", *spec.keys, "collapse_step", "pruned_at_step", "duration_s", "failure_reason"]
@@ -171,35 +214,24 @@ def concise_table(spec: Any, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mlflow_runs_by_trial(sweep: str, tracking_uri: str | None, notes: list[str] | None) -> dict[int, list[str]]:
-    if not tracking_uri:
-        return {}
-    try:
-        from harness import tracking
-        from harness.sweep import TAG_SWEEP, TAG_TRIAL
+    """{trial number: its seed runs' ids} from the MLflow child runs tagged with the sweep."""
+    from harness import tracking
+    from harness.keys import TAG_SWEEP, TAG_TRIAL
+    from harness.sweep import mask_url
 
-        c = tracking.client(tracking_uri)
-        exp = c.get_experiment_by_name(sweep)
-        if exp is None:
-            return {}
-        out: dict[int, list[str]] = {}
-        token = None
-        while True:
-            page = c.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_SWEEP}` = '{sweep}'", max_results=1000, page_token=token)
-            for r in page:
-                trial = r.data.tags.get(TAG_TRIAL)
-                if trial is not None and trial.isdigit():
-                    out.setdefault(int(trial), []).append(r.info.run_id)
-            token = page.token
-            if not token:
-                break
-        return out
+    out: dict[int, list[str]] = {}
+    try:
+        exp = tracking.client(tracking_uri).get_experiment_by_name(sweep) if tracking_uri else None
+        for r in tracking.client(tracking_uri).search_runs([exp.experiment_id], f"tags.`{TAG_SWEEP}` = '{sweep}'", max_results=50000) if exp else []:
+            if r.data.tags.get(TAG_TRIAL, "").isdigit():
+                out.setdefault(int(r.data.tags[TAG_TRIAL]), []).append(r.info.run_id)
     except Exception as e:
         if notes is not None:
-            notes.append(f"MLflow runs not read from {tracking_uri}: {type(e).__name__}: {e}")
-        return {}
+            notes.append(f"MLflow runs not read from {mask_url(tracking_uri or '')}: {type(e).__name__}: {e}")
+    return out
 
 
-def best_trial(spec: Any, table: pd.DataFrame) -> dict[str, Any]:
+def best_trial(spec: SweepView, table: pd.DataFrame) -> dict[str, Any]:
     done = table[(table["state"] == "COMPLETE") & table["value"].notna()] if len(table) else table
     if not len(done):
         return {}
@@ -220,7 +252,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def param_importances(spec: Any, study: Any, notes: list[str]) -> dict[str, float]:
+def param_importances(spec: SweepView, study: Any, notes: list[str]) -> dict[str, float]:
     """Optuna's parameter importances, or {} with a note when they cannot be computed yet."""
     import optuna
     from optuna.trial import TrialState
@@ -259,10 +291,6 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _objective_label(spec: Any) -> str:
-    return f"{spec.objective.metric} ({spec.direction}, last {spec.objective.last_steps} steps)"
-
-
 def _y_for(row: pd.Series) -> float | None:
     """Where a trial sits on an objective axis: its value, else its last running objective."""
     if row["value"] is not None and not pd.isna(row["value"]):
@@ -270,6 +298,12 @@ def _y_for(row: pd.Series) -> float | None:
     if row["last_intermediate"] is not None and not pd.isna(row["last_intermediate"]):
         return float(row["last_intermediate"])
     return None
+
+
+def _bottom(table: pd.DataFrame) -> float:
+    """Just below the lowest objective: where trials without one (failed) sit."""
+    ys = [v for v in (_y_for(r) for _, r in table.iterrows()) if v is not None]
+    return min(ys) - 0.08 * ((max(ys) - min(ys)) or 1.0) if ys else 0.0
 
 
 def _scatter_by_outcome(ax, table: pd.DataFrame, x, y, bottom: float | None = None, c=None, cmap=None, norm=None):
@@ -301,37 +335,33 @@ def _scatter_by_outcome(ax, table: pd.DataFrame, x, y, bottom: float | None = No
     return mappable
 
 
-def plot_history(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
+def plot_history(spec: SweepView, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
     if not len(table):
         return None
     fig = _figure(2.8)
     ax = fig.add_subplot()
-    ys = [v for v in (_y_for(r) for _, r in table.iterrows()) if v is not None]
-    lo = min(ys) if ys else 0.0
-    span = (max(ys) - lo) if ys else 1.0
-    bottom = lo - 0.08 * (span or 1.0)
-    _scatter_by_outcome(ax, table, x=lambda r: r["number"], y=_y_for, bottom=bottom)
+    _scatter_by_outcome(ax, table, x=lambda r: r["number"], y=_y_for, bottom=_bottom(table))
     done = table[(table["state"] == "COMPLETE") & table["value"].notna()].sort_values("number")
     if len(done):
         best = done["value"].cummax() if spec.direction == "maximize" else done["value"].cummin()
         ax.step(done["number"], best, where="post", color="tab:green", lw=1.2, label="best so far", zorder=2)
     ax.set_xlabel("trial")
-    ax.set_ylabel(spec.objective.metric)
+    ax.set_ylabel(spec.metric)
     ax.set_title(f"Sweep {spec.name}: optimization history ({spec.direction})")
     ax.legend(loc="best", frameon=False)
     return _save(fig, out_dir / "sweep_history.png")
 
 
-def _axis_values(spec: Any, key: str, table: pd.DataFrame) -> tuple[list[Any], bool, list[Any] | None]:
+def _axis_values(spec: SweepView, key: str, table: pd.DataFrame) -> tuple[list[Any], bool, list[Any] | None]:
     """(values as plotted, log scale?, categories or None) for one search-space key."""
-    dim = next(d for d in spec.search_space if d.key == key)
-    if dim.numeric:
-        return list(table[key]), bool(dim.log), None
-    cats = list(dim.choices or [])
+    dim = spec.search_space[key]
+    if spec.numeric(key):
+        return list(table[key]), bool(dim.get("log")), None
+    cats = list(dim.get("choices") or [])
     return [cats.index(v) if v in cats else None for v in table[key]], False, cats
 
 
-def plot_pair(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
+def plot_pair(spec: SweepView, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
     """The two plot keys (e.g. reward.clip x ppo.kl_coef), colored by objective; collapsed marked."""
     import numpy as np
     from matplotlib import colormaps
@@ -348,28 +378,26 @@ def plot_pair(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out
     cmap = colormaps["viridis"] if spec.direction == "maximize" else colormaps["viridis_r"]
     if len(keys) == 1:  # one numeric axis: objective against it
         key = keys[0]
-        dim = next(d for d in spec.search_space if d.key == key)
-        ys = [v for v in (_y_for(r) for _, r in table.iterrows()) if v is not None]
-        bottom = (min(ys) - 0.08 * ((max(ys) - min(ys)) or 1.0)) if ys else 0.0
-        _scatter_by_outcome(ax, table, x=lambda r: r[key], y=_y_for, bottom=bottom)
-        ax.set_xscale("log" if dim.log else "linear")
+        dim = spec.search_space[key]
+        _scatter_by_outcome(ax, table, x=lambda r: r[key], y=_y_for, bottom=_bottom(table))
+        ax.set_xscale("log" if dim.get("log") else "linear")
         ax.set_xlabel(key)
-        ax.set_ylabel(spec.objective.metric)
+        ax.set_ylabel(spec.metric)
         ax.set_title(f"Sweep {spec.name}: objective vs {key}")
     else:
         kx, ky = keys
-        dx = next(d for d in spec.search_space if d.key == kx)
-        dy = next(d for d in spec.search_space if d.key == ky)
+        dx = spec.search_space[kx]
+        dy = spec.search_space[ky]
         if len(done) >= 4:
-            tx = np.log10(done[kx].astype(float)) if dx.log else done[kx].astype(float)
-            ty = np.log10(done[ky].astype(float)) if dy.log else done[ky].astype(float)
+            tx = np.log10(done[kx].astype(float)) if dx.get("log") else done[kx].astype(float)
+            ty = np.log10(done[ky].astype(float)) if dy.get("log") else done[ky].astype(float)
             try:
                 import matplotlib.tri as mtri
 
                 tri = mtri.Triangulation(tx.to_numpy(), ty.to_numpy())
                 # plot in data coordinates: transform triangulation back
-                tri.x = 10 ** tri.x if dx.log else tri.x
-                tri.y = 10 ** tri.y if dy.log else tri.y
+                tri.x = 10 ** tri.x if dx.get("log") else tri.x
+                tri.y = 10 ** tri.y if dy.get("log") else tri.y
                 ax.tricontourf(tri, done["value"].astype(float).to_numpy(), levels=12, cmap=cmap, norm=norm, alpha=0.35, zorder=1)
             except Exception:
                 pass  # collinear or too few distinct points: scatter only
@@ -378,22 +406,26 @@ def plot_pair(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out
         for _, r in table.iterrows():
             if r["outcome"] in ("complete", "collapsed") and r[kx] is not None:
                 ax.annotate(str(r["number"]), (r[kx], r[ky]), textcoords="offset points", xytext=(4, 3), fontsize=6, color="0.3")
-        ax.set_xscale("log" if dx.log else "linear")
-        ax.set_yscale("log" if dy.log else "linear")
-        if dx.low is not None:
-            ax.set_xlim(dx.low / 1.15 if dx.log else dx.low - 0.03 * (dx.high - dx.low), dx.high * 1.15 if dx.log else dx.high + 0.03 * (dx.high - dx.low))
-        if dy.low is not None:
-            ax.set_ylim(dy.low / 1.15 if dy.log else dy.low - 0.03 * (dy.high - dy.low), dy.high * 1.15 if dy.log else dy.high + 0.03 * (dy.high - dy.low))
+        ax.set_xscale("log" if dx.get("log") else "linear")
+        ax.set_yscale("log" if dy.get("log") else "linear")
+        ax.set_xlim(*_limits(dx))
+        ax.set_ylim(*_limits(dy))
         ax.set_xlabel(kx)
         ax.set_ylabel(ky)
         ax.set_title(f"Sweep {spec.name}: {kx} × {ky}")
         if mappable is not None:
-            fig.colorbar(mappable, ax=ax, label=spec.objective.metric)
+            fig.colorbar(mappable, ax=ax, label=spec.metric)
     ax.legend(loc="best", frameon=True, framealpha=0.8)
     return _save(fig, out_dir / "sweep_pair.png")
 
 
-def plot_parallel(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
+def _limits(dim: dict[str, Any]) -> tuple[float, float]:
+    """An axis a little wider than [low, high] on its scale."""
+    lo, hi = dim["low"], dim["high"]
+    return (lo / 1.15, hi * 1.15) if dim.get("log") else (lo - 0.03 * (hi - lo), hi + 0.03 * (hi - lo))
+
+
+def plot_parallel(spec: SweepView, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
@@ -406,14 +438,14 @@ def plot_parallel(spec: Any, study: Any, table: pd.DataFrame, importances: dict,
     ticks: list[tuple[list[float], list[str]]] = []
     for key in axes_keys:
         vals, log, cats = _axis_values(spec, key, done)
-        dim = next(d for d in spec.search_space if d.key == key)
+        dim = spec.search_space[key]
         if cats is not None:
             lo, hi = 0.0, float(max(1, len(cats) - 1))
             arr = np.array([np.nan if v is None else float(v) for v in vals])
             ticks.append(([(i - lo) / (hi - lo) for i in range(len(cats))], [str(c) for c in cats]))
         else:
             f = (lambda v: math.log10(v)) if log else float
-            lo, hi = f(dim.low), f(dim.high)
+            lo, hi = f(dim.get("low")), f(dim.get("high"))
             arr = np.array([f(float(v)) for v in vals])
             tv = np.linspace(lo, hi, 4)
             ticks.append(([(t - lo) / (hi - lo) for t in tv], [f"{(10 ** t if log else t):.3g}" for t in tv]))
@@ -423,7 +455,7 @@ def plot_parallel(spec: Any, study: Any, table: pd.DataFrame, importances: dict,
     cols.append((values - vlo) / ((vhi - vlo) or 1.0))
     tv = np.linspace(vlo, vhi, 4)
     ticks.append(([(t - vlo) / ((vhi - vlo) or 1.0) for t in tv], [f"{t:.3g}" for t in tv]))
-    labels = axes_keys + [spec.objective.metric]
+    labels = axes_keys + [spec.metric]
     fig = _figure(3.2)
     ax = fig.add_subplot()
     cmap = colormaps["viridis"] if spec.direction == "maximize" else colormaps["viridis_r"]
@@ -447,11 +479,11 @@ def plot_parallel(spec: Any, study: Any, table: pd.DataFrame, importances: dict,
     ax.set_title(f"Sweep {spec.name}: {len(done)} completed trials" + (" (dashed red = collapsed)" if collapsed.any() else ""))
     from matplotlib.cm import ScalarMappable
 
-    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=spec.objective.metric)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=spec.metric)
     return _save(fig, out_dir / "sweep_parallel.png")
 
 
-def plot_intermediate(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
+def plot_intermediate(spec: SweepView, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
     trials = [t for t in study.get_trials(deepcopy=False) if t.intermediate_values]
     if not trials:
         return None
@@ -472,13 +504,13 @@ def plot_intermediate(spec: Any, study: Any, table: pd.DataFrame, importances: d
         for k in range(1, len(spec.seeds)):
             ax.axvline(k * spec.steps + 0.5, color="0.7", lw=0.6, ls=":")
     ax.set_xlabel("step" + (" (seed k runs steps k·steps+1 ...)" if len(spec.seeds) > 1 else ""))
-    ax.set_ylabel(f"running {spec.objective.metric}")
-    ax.set_title(f"Sweep {spec.name}: running objective seen by the pruner ({spec.pruner.get('name')})")
+    ax.set_ylabel(f"running {spec.metric}")
+    ax.set_title(f"Sweep {spec.name}: running objective seen by the pruner ({spec.pruner})")
     ax.legend(loc="best", frameon=False)
     return _save(fig, out_dir / "sweep_intermediate.png")
 
 
-def plot_importances(spec: Any, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
+def plot_importances(spec: SweepView, study: Any, table: pd.DataFrame, importances: dict, out_dir: Path) -> Path | None:
     if not importances:
         return None
     fig = _figure(0.6 + 0.35 * len(importances))
@@ -488,5 +520,52 @@ def plot_importances(spec: Any, study: Any, table: pd.DataFrame, importances: di
     for i, (_, v) in enumerate(items):
         ax.text(v, i, f" {v:.2f}", va="center", fontsize=7)
     ax.set_xlabel("importance (share)")
-    ax.set_title(f"Sweep {spec.name}: parameter importances for {spec.objective.metric}")
+    ax.set_title(f"Sweep {spec.name}: parameter importances for {spec.metric}")
     return _save(fig, out_dir / "sweep_importances.png")
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+def print_summary(spec: SweepView, s: dict[str, Any]) -> None:
+    print(f"== sweep {spec.name}: {spec.metric} ({spec.direction}) ==")
+    if len(s["table"]):
+        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_rows", 200):
+            print(s["table"].to_string(index=False))
+    best = s["best"]
+    print(f"\nbest trial {best['number']}: {spec.metric} = {best['value']:.6g}" + (" (collapsed)" if best["collapsed"] else "")
+          if best else "\nno completed trial yet")
+    for k, v in (best.get("params") or {}).items():
+        print(f"  {k} = {v:.4g}" if isinstance(v, float) else f"  {k} = {v}")
+    if s["importances"]:
+        print("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
+    for note in s["notes"]:
+        print(f"note: {note}")
+    print("\nfigures and tables:\n  " + "\n  ".join([*s["figures"], s["table_csv"], s["best_json"]]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots",
+                                description="Draw a stored sweep's figures and tables and log them to its MLflow parent run.")
+    p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the train config's default)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: optuna.db next to the MLflow sqlite store)")
+    p.add_argument("--out-dir", default=None, help="where figures and tables go (default: reports/<name>/)")
+    args = p.parse_args(argv)
+    try:
+        s = sweep_summary(args.sweep, args.tracking_uri, args.storage, out_dir=args.out_dir)
+    except (KeyError, ValueError) as e:
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    print_summary(s["view"], s)
+    if s["parent_run_id"]:
+        from harness import tracking
+
+        files = [*s["figures"], s["table_csv"], s["best_json"]]
+        tracking.log_file_artifacts(s["tracking_uri"], s["parent_run_id"], files, artifact_path="sweep")
+        print(f"logged to MLflow parent run {s['parent_run_id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

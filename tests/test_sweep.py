@@ -1,20 +1,31 @@
 """Optuna sweeps end to end on the tiny world, with real Optuna (sqlite) and MLflow (sqlite) stores
-in tmp_path: a 4-trial delta x eta sweep read back from both stores, continuing it with more trials,
-two worker processes without a lost or duplicated trial, a NaN trial recorded as failed (and a
-pruned one) while the sweep goes on, and bad sweep files refused before the first trial.
+in tmp_path: a 4-trial delta x eta sweep read back from both stores and continued; two worker
+processes without a lost or duplicated trial; a NaN trial recorded as failed (and a pruned one);
+a worker process killed for real, whose trial the next run makes up; two sweep processes started
+at once on a fresh store; passwords in the URLs never written anywhere; bad sweep files refused
+before the first trial.
 
 Trials train 2-step runs on the tiny world (seconds each).
 """
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
+from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+from sqlalchemy.engine import URL
 
 from harness import keys as K
-from harness import sweep
+from harness import sweep, tracking
+from harness.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 PPO_MAX = REPO / "ablations" / "bases" / "ppo_max.yaml"
@@ -26,8 +37,8 @@ DELTA_ETA = """\
 
 
 def write_sweep(tmp_path: Path, world: Path, name: str, *, space: str = DELTA_ETA, trials: int = 4,
-                extra: str = "") -> Path:
-    p = tmp_path / f"{name}.yaml"
+                steps: int = 2, extra: str = "") -> Path:
+    p = tmp_path / f"{name.replace('/', '_')}.yaml"
     p.write_text(f"""\
 name: {name}
 base: {PPO_MAX}
@@ -44,7 +55,7 @@ set:
   logging.checkpoint_every: 0
   logging.output_dir: {tmp_path / 'runs'}
   logging.progress: false
-steps: 2
+steps: {steps}
 trials: {trials}
 sampler: {{name: tpe, seed: 0, n_startup_trials: 2}}
 objective: {{last_steps: 2}}
@@ -62,24 +73,46 @@ def storage(tmp_path: Path) -> str:
 
 
 def cli(tmp_path: Path, path: Path, *more: str) -> list[str]:
-    return [str(path), "--tracking-uri", uri(tmp_path), "--reports-dir", str(tmp_path / "reports"),
-            "--threads", "1", *more]
+    return [str(path), "--tracking-uri", uri(tmp_path), "--threads", "1", *more]
+
+
+def subprocess_sweep(tmp_path: Path, path: Path, *more: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "harness.sweep", *cli(tmp_path, path, *more)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+class PasswordSQLite(SQLiteDialect_pysqlite):
+    """pysqlite that accepts (and drops) a user and password in the URL: a real store whose URL
+    carries a password, as a PostgreSQL storage or an authenticated MLflow server would."""
+
+    supports_statement_cache = True
+
+    def create_connect_args(self, url):
+        return super().create_connect_args(URL.create("sqlite", database=url.database, query=url.query))
+
+
+registry.register("sqlite.pw", __name__, "PasswordSQLite")
 
 
 def load_study(tmp_path: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage(tmp_path))
 
 
-def child_runs(tmp_path: Path, name: str) -> list:
-    c = MlflowClient(uri(tmp_path))
+def runs(tracking_uri: str, name: str, role: str = "train") -> list:
+    c = tracking.client(tracking_uri)  # creates a new store under the lock the sweep processes take
     exp = c.get_experiment_by_name(name)
-    return list(c.search_runs([exp.experiment_id], f"tags.`{sweep.TAG_SWEEP}` = '{name}' and tags.`{K.TAG_ROLE}` = 'train'"))
+    return list(c.search_runs([exp.experiment_id], f"tags.`{K.TAG_ROLE}` = '{role}'"))
 
 
-def parent_runs(tmp_path: Path, name: str) -> list:
-    c = MlflowClient(uri(tmp_path))
-    exp = c.get_experiment_by_name(name)
-    return list(c.search_runs([exp.experiment_id], f"tags.`{K.TAG_ROLE}` = 'parent'"))
+def running_trial(tmp_path: Path, name: str) -> optuna.trial.FrozenTrial | None:
+    """The first RUNNING trial whose MLflow run has started, or None yet."""
+    try:
+        study = load_study(tmp_path, name)
+        started = {r.data.tags[K.TAG_TRIAL] for r in runs(uri(tmp_path), name) if r.info.status == "RUNNING"}
+    except Exception:  # the stores, the study or the experiment do not exist yet
+        return None
+    return next((t for t in study.get_trials(states=(TrialState.RUNNING,)) if str(t.number) in started), None)
 
 
 # ---------------------------------------------------------------------------- validation (fast)
@@ -88,41 +121,61 @@ def test_unknown_search_space_key_fails_before_the_first_trial(tmp_path, capsys)
     path = write_sweep(tmp_path, tmp_path, "typo_sweep", space=bad)
     assert sweep.main(cli(tmp_path, path)) == 2
     err = capsys.readouterr().err
-    assert "search_space.ppo.kl_coeff: unknown config key; did you mean ppo.kl_coef" in err
+    assert f"{path}: search_space.ppo.kl_coeff: not a TrainConfig key; did you mean ppo.kl_coef?" in err
     assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "mlflow.db").exists()
     assert not (tmp_path / "runs").exists()
 
 
-def test_bad_ranges_and_types_name_field_value_and_allowed(tmp_path):
+def test_bad_sweep_files_name_file_field_value_and_allowed(tmp_path):
     bad = """\
   reward.clip: {low: 0.0, high: 10.0}
-  ppo.kl_coef: {low: 0.5, high: 0.001}
-  ppo.gae_lambda: {low: 0.0, high: 1.0, log: true}
   ppo.ppo_epochs: {low: 1, high: 2.5}
   model.critic_init: {choices: [reward, rm]}
   seed: {low: 0, high: 3}
 """
-    path = write_sweep(tmp_path, tmp_path, "bad_sweep", space=bad)
-    with pytest.raises(sweep.SweepError) as e:  # sweep-level --set overrides go through the same checks
-        sweep.load_sweep(path, ["sweep.objective.metric=objective/gold", "sweep.sampler=tps"])
+    path = write_sweep(tmp_path, tmp_path, "bad_sweep", space=bad, extra="first_trials: [{ppo.kl_coef: 0.1}]\n")
+    with pytest.raises(ConfigError) as e:  # sweep-level --set overrides go through the same checks
+        sweep.load_sweep(path, ["sweep.objective.metric=objective/gold"])
     msg = str(e.value)
     for expected in [
-        "search_space.reward.clip.low: reward.clip: got 0.0; allowed: a number > 0 or null",
-        "search_space.ppo.kl_coef: got low=0.5, high=0.001; allowed: low < high",
-        "search_space.ppo.gae_lambda.low: got 0 with log: true; allowed: a number > 0 (log scale)",
+        "search_space.reward.clip.low: reward.clip: got 0.0; allowed: a number > 0",
         "search_space.ppo.ppo_epochs.high: got 2.5; allowed: an integer",
         "search_space.model.critic_init.choices: model.critic_init: got 'rm'; allowed: one of 'reward', 'sft', 'random'",
         "search_space.seed: not searchable",
         "objective.metric: got 'objective/gold'; allowed: auto or a metric key",
-        "sampler.name: got 'tps'; allowed: one of tpe, random, grid (did you mean 'tpe'?)",
+        "first_trials.0.ppo.kl_coef: not a search-space key",
     ]:
-        assert expected in msg, f"missing {expected!r} in:\n{msg}"
+        assert f"{path}: {expected}" in msg, f"missing {expected!r} in:\n{msg}"
+
+    # structural problems come from the schema sections, one line each with a did-you-mean
+    bad = "  ppo.kl_coef: {low: 0.5, high: 0.001, lg: true}\n  ppo.gae_lambda: {low: 0.0, high: 1.0, log: true}\n"
+    path = write_sweep(tmp_path, tmp_path, "../escape", space=bad, extra="pruner: {name: threshold}\n")
+    with pytest.raises(ConfigError) as e:
+        sweep.load_sweep(path, ["sweep.sampler=tps"])
+    msg = str(e.value)
+    for expected in [
+        "name: got '../escape'; allowed: a string matching",  # a folder name: one safe path component
+        "search_space.ppo.kl_coef.lg: unknown key; did you mean search_space.ppo.kl_coef.log?",
+        "search_space.ppo.gae_lambda: got {'low': 0.0, 'high': 1.0, 'log': True}; allowed: low > 0 with log: true",
+        "sampler.name: got 'tps'; allowed: one of 'tpe', 'random', 'grid' (did you mean 'tpe'?)",
+        "pruner: got {'name': 'threshold'}; allowed: name threshold with `lower` or `upper`",
+    ]:
+        assert f"{path}: {expected}" in msg, f"missing {expected!r} in:\n{msg}"
     assert not (tmp_path / "optuna.db").exists()
+
+
+def test_help_documents_the_file_format_from_the_sections(capsys):
+    with pytest.raises(SystemExit):
+        sweep.main(["--help"])
+    out = capsys.readouterr().out
+    for line in ["objective.collapsed = \"penalty\"   (one of 'penalty', 'worst', 'ignore')",
+                 "[search_space.<TrainConfig key>]", "Sample on a log scale (needs low > 0)."]:
+        assert line in out
 
 
 def test_objective_of_a_collapsed_run_is_its_value_at_collapse_minus_the_penalty():
     history = [(s, float(s)) for s in range(1, 21)]  # metric = step
-    obj = sweep.ObjectiveSpec(metric=K.GOLD_SCORE, last_steps=4, collapsed="penalty", collapse_penalty=1.0)
+    obj = sweep.Objective(metric=K.GOLD_SCORE, last_steps=4, collapsed="penalty", collapse_penalty=1.0)
     assert sweep.score_run(history, obj, "maximize", None) == (18.5, 18.5)  # mean of steps 17-20
     assert sweep.score_run(history, obj, "maximize", 10) == (8.5 - 1.0, 18.5)  # mean of steps 7-10, minus 1
     assert sweep.score_run(history, obj, "minimize", 10) == (8.5 + 1.0, 18.5)  # worse = higher
@@ -132,70 +185,85 @@ def test_objective_of_a_collapsed_run_is_its_value_at_collapse_minus_the_penalty
         sweep.score_run([(1, float("nan"))], obj, "maximize", None)
 
 
+def test_urls_are_masked():
+    assert sweep.mask_url("postgresql://user:s3cret@db:5432/optuna") == "postgresql://user:***@db:5432/optuna"
+    assert sweep.mask_url("http://me:p%40ss@mlflow:5000") == "http://me:***@mlflow:5000"
+    assert sweep.mask_url("sqlite:////tmp/optuna.db") == "sqlite:////tmp/optuna.db"
+
+
+def test_plots_cli_masks_the_storage_password_in_its_errors(tmp_path, capsys):
+    from analysis import sweep_plots
+
+    store = f"sqlite+pw://me:s3cret@/{tmp_path / 'optuna.db'}"
+    assert sweep_plots.main(["nope", "--tracking-uri", uri(tmp_path), "--storage", store]) == 2
+    err = capsys.readouterr().err
+    assert "no Optuna study named 'nope' in sqlite+pw://me:***@/" in err and "s3cret" not in err
+
+
 # ---------------------------------------------------------------------------- end to end (tiny world)
 @pytest.mark.slow
-def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, tiny_world, capsys):
+def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, tiny_world, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # reports/<name>/ of the plots CLI
     path = write_sweep(tmp_path, tiny_world, "de_sweep", trials=4)
     assert sweep.main(cli(tmp_path, path)) == 0
     out = capsys.readouterr().out
-    assert "best trial" in out
+    assert "best trial" in out and f"python -m analysis.sweep_plots de_sweep --tracking-uri {uri(tmp_path)}" in out
 
     # Optuna: 4 complete trials in the default storage next to mlflow.db
     study = load_study(tmp_path, "de_sweep")
     trials = study.get_trials()
     assert [t.number for t in trials] == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE and t.user_attrs["outcome"] == "complete" for t in trials)
-    assert all(set(t.params) == {"reward.clip", "ppo.kl_coef"} for t in trials)
     assert all(0.1 <= t.params["reward.clip"] <= 10 and 0.001 <= t.params["ppo.kl_coef"] <= 0.5 for t in trials)
 
     # MLflow: one parent, one child run per trial, tagged and carrying the trial's values
-    parents = parent_runs(tmp_path, "de_sweep")
+    parents = runs(uri(tmp_path), "de_sweep", "parent")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     parent_id = parents[0].info.run_id
-    runs = {int(r.data.tags[K.TAG_TRIAL]): r for r in child_runs(tmp_path, "de_sweep")}
-    assert sorted(runs) == [0, 1, 2, 3]
+    assert parents[0].data.metrics[K.SWEEP_OBJECTIVE] == pytest.approx(study.best_value)
+    children = {int(r.data.tags[K.TAG_TRIAL]): r for r in runs(uri(tmp_path), "de_sweep")}
+    assert sorted(children) == [0, 1, 2, 3]
     for t in trials:
-        r = runs[t.number]
+        r = children[t.number]
         assert r.data.tags["mlflow.parentRunId"] == parent_id
-        assert r.data.tags[sweep.TAG_TRIAL_STATE] == "COMPLETE"
+        assert r.data.tags[K.TAG_TRIAL_STATE] == "COMPLETE"
         assert float(r.data.params["trial.reward.clip"]) == pytest.approx(t.params["reward.clip"])
         assert float(r.data.params["reward.clip"]) == pytest.approx(t.params["reward.clip"])
         assert float(r.data.params["ppo.kl_coef"]) == pytest.approx(t.params["ppo.kl_coef"])
-        assert r.data.metrics[sweep.METRIC_OBJECTIVE] == pytest.approx(t.value)
+        assert r.data.metrics[K.SWEEP_OBJECTIVE] == pytest.approx(t.value)
         assert t.user_attrs["mlflow_run_ids"] == [r.info.run_id]
         assert t.intermediate_values  # reported to the pruner from on_step
 
-    # the summary for the report builder, and the artifacts on the parent
-    from analysis.sweep_plots import sweep_summary
+    # the plots: the CLI by name (logging them to the parent run) and the summary for reports
+    from analysis import sweep_plots
 
-    s = sweep_summary(path, uri(tmp_path), out_dir=tmp_path / "summary")
-    assert set(s) >= {"figures", "table", "best", "importances"}
-    assert len(s["table"]) == 4 and s["best"]["number"] in range(4)
-    assert s["best"]["value"] == pytest.approx(study.best_value)
+    assert sweep_plots.main(["de_sweep", "--tracking-uri", uri(tmp_path)]) == 0
+    art = {a.path for a in MlflowClient(uri(tmp_path)).list_artifacts(parent_id, "sweep")}
+    assert {"sweep/sweep_history.png", "sweep/sweep_pair.png", "sweep/sweep_trials.csv"} <= art
+    assert json.loads((tmp_path / "reports" / "de_sweep" / "sweep_best.json").read_text())["best"]["number"] in range(4)
+    s = sweep_plots.sweep_summary(path, uri(tmp_path), out_dir=tmp_path / "summary")
+    assert len(s["table"]) == 4 and s["best"]["value"] == pytest.approx(study.best_value)
     assert all(Path(f).is_file() and f.endswith(".png") for f in s["figures"]) and len(s["figures"]) >= 3
     assert sorted(s["table_full"]["mlflow_run_ids"].map(len)) == [1, 1, 1, 1]
     assert list(s["table"]["number"]) == [0, 1, 2, 3] and "reward.clip" in s["table"].columns
-    art = {a.path for a in MlflowClient(uri(tmp_path)).list_artifacts(parent_id, "sweep")}
-    assert "sweep/sweep_history.png" in art and "sweep/sweep_pair.png" in art and "sweep/sweep_trials.csv" in art
-    assert (tmp_path / "reports" / "de_sweep" / "sweep_best.json").is_file()
 
     # rerunning with more trials continues the same study (and the same parent run)
-    assert sweep.main(cli(tmp_path, path, "--trials", "6", "--no-summary")) == 0
+    assert sweep.main(cli(tmp_path, path, "--trials", "6")) == 0
     study = load_study(tmp_path, "de_sweep")
     assert [t.number for t in study.get_trials()] == [0, 1, 2, 3, 4, 5]
     assert [t.params for t in study.get_trials()][:4] == [t.params for t in trials]
-    assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in child_runs(tmp_path, "de_sweep")) == [0, 1, 2, 3, 4, 5]
-    assert [p.info.run_id for p in parent_runs(tmp_path, "de_sweep")] == [parent_id]
+    assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in runs(uri(tmp_path), "de_sweep")) == [0, 1, 2, 3, 4, 5]
+    assert [p.info.run_id for p in runs(uri(tmp_path), "de_sweep", "parent")] == [parent_id]
     # --trials is the total: the same number again runs nothing
     capsys.readouterr()
-    assert sweep.main(cli(tmp_path, path, "--trials", "6", "--no-summary")) == 0
+    assert sweep.main(cli(tmp_path, path, "--trials", "6")) == 0
     assert "running 0 now" in capsys.readouterr().out
     assert len(load_study(tmp_path, "de_sweep").get_trials()) == 6
 
 
 @pytest.mark.slow
 def test_two_workers_finish_every_trial_once(tmp_path, tiny_world):
-    # enqueued first trials: on sqlite both workers could pop the same one (the real sweep did)
+    # enqueued first trials: on sqlite both workers could pop the same one without BEGIN IMMEDIATE
     extra = "first_trials:\n  - {reward.clip: 0.8, ppo.kl_coef: 0.05}\n  - {reward.clip: 0.3, ppo.kl_coef: 0.1}\n"
     path = write_sweep(tmp_path, tiny_world, "par_sweep", trials=4, extra=extra)
     assert sweep.main(cli(tmp_path, path, "--workers", "2")) == 0
@@ -204,10 +272,10 @@ def test_two_workers_finish_every_trial_once(tmp_path, tiny_world):
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert sorted(t.params["reward.clip"] for t in trials[:2]) == [0.3, 0.8]  # each enqueued point ran once
     assert {t.user_attrs["worker"] for t in trials} == {0, 1}  # both processes took trials
-    runs = child_runs(tmp_path, "par_sweep")
-    assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in runs) == [0, 1, 2, 3]  # none lost or duplicated
-    assert all(r.info.status == "FINISHED" for r in runs)
-    assert {r.data.params["threads"] for r in runs} == {"1"}
+    children = runs(uri(tmp_path), "par_sweep")
+    assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in children) == [0, 1, 2, 3]  # none lost or duplicated
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert {r.data.params["threads"] for r in children} == {"1"}
 
 
 @pytest.mark.slow
@@ -220,15 +288,73 @@ def test_nan_trial_is_recorded_failed_and_the_sweep_goes_on(tmp_path, tiny_world
              "pruner: {name: threshold, lower: 1.0e+9, n_warmup_steps: 0}\n")
     path = write_sweep(tmp_path, tiny_world, "nan_sweep", space=space, trials=2, extra=extra)
     assert sweep.main(cli(tmp_path, path)) == 0
-    assert "FAILED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "no completed trial yet" in out
     failed, pruned = load_study(tmp_path, "nan_sweep").get_trials()
     assert failed.state == TrialState.FAIL and failed.params["ppo.policy_lr"] == 1.0e8
     assert failed.user_attrs["outcome"] == "failed" and failed.user_attrs["failure_reason"]
     assert pruned.state == TrialState.PRUNED and pruned.user_attrs["outcome"] == "pruned"
     assert pruned.user_attrs["pruned_at_step"] == 1
-    runs = {int(r.data.tags[K.TAG_TRIAL]): r for r in child_runs(tmp_path, "nan_sweep")}
-    assert runs[0].info.status == "FAILED" and runs[0].data.tags[sweep.TAG_TRIAL_STATE] == "FAIL"
-    assert K.TAG_FAILURE in runs[0].data.tags
-    assert runs[1].data.tags[sweep.TAG_TRIAL_STATE] == "PRUNED" and runs[1].data.tags[K.TAG_STOPPED] == "callback"
-    best = json.loads((tmp_path / "reports" / "nan_sweep" / "sweep_best.json").read_text())
-    assert best["best"] == {}  # nothing completed; the summary still draws
+    children = {int(r.data.tags[K.TAG_TRIAL]): r for r in runs(uri(tmp_path), "nan_sweep")}
+    assert children[0].info.status == "FAILED" and children[0].data.tags[K.TAG_TRIAL_STATE] == "FAIL"
+    assert K.TAG_FAILURE in children[0].data.tags
+    assert children[1].data.tags[K.TAG_TRIAL_STATE] == "PRUNED" and children[1].data.tags[K.TAG_STOPPED] == "callback"
+
+
+@pytest.mark.slow
+def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp_path, tiny_world):
+    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=30)
+    proc = subprocess_sweep(tmp_path, path, "--workers", "2")
+    victim = None
+    while victim is None and proc.poll() is None:
+        time.sleep(0.2)
+        victim = running_trial(tmp_path, "kill_sweep")
+    assert victim is not None, proc.communicate()[0]
+    os.kill(victim.user_attrs["pid"], signal.SIGKILL)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 1, out
+    assert "password" not in out
+
+    study = load_study(tmp_path, "kill_sweep")
+    killed = study.get_trials()[victim.number]
+    assert killed.state == TrialState.FAIL and "outcome" not in killed.user_attrs  # interrupted: does not count
+    run = next(r for r in runs(uri(tmp_path), "kill_sweep") if r.data.tags[K.TAG_TRIAL] == str(victim.number))
+    assert run.info.status == "KILLED" and run.data.tags[K.TAG_TRIAL_OUTCOME] == "interrupted"
+    parent = runs(uri(tmp_path), "kill_sweep", "parent")[0]
+    assert parent.info.status == "FAILED" and "exited with code -9" in parent.data.tags[K.TAG_FAILURE]
+
+    # the next run makes the trial up, with the same values, and the study holds 3 counted trials
+    assert sweep.main(cli(tmp_path, path)) == 0
+    trials = load_study(tmp_path, "kill_sweep").get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 3 and len(trials) == 4
+    assert any(t.params == killed.params for t in done)
+    assert all(r.info.status != "RUNNING" for r in runs(uri(tmp_path), "kill_sweep"))
+
+
+@pytest.mark.slow
+def test_two_sweep_processes_started_at_once_on_a_fresh_store_both_succeed(tmp_path, tiny_world):
+    path = write_sweep(tmp_path, tiny_world, "twin_sweep", trials=2)
+    procs = [subprocess_sweep(tmp_path, path) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    trials = load_study(tmp_path, "twin_sweep").get_trials()
+    assert len(trials) >= 2 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert len(runs(uri(tmp_path), "twin_sweep", "parent")) == 1
+
+
+@pytest.mark.slow
+def test_passwords_in_the_urls_are_written_nowhere(tmp_path, tiny_world, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow artifacts of a non-file store go to ./mlruns
+    tracking, store = (f"sqlite+pw://me:s3cret@/{tmp_path / n}" for n in ("mlflow.db", "optuna.db"))
+    path = write_sweep(tmp_path, tiny_world, "pw_sweep", trials=1)
+    assert sweep.main([str(path), "--tracking-uri", tracking, "--storage", store, "--threads", "1"]) == 0
+    out = capsys.readouterr()
+    assert "s3cret" not in out.out + out.err and "me:***@" in out.out
+    assert b"s3cret" not in (tmp_path / "optuna.db").read_bytes()  # no study or trial attribute holds it
+    study = optuna.load_study(study_name="pw_sweep", storage=store)
+    assert study.user_attrs[sweep.ATTR_PARENT_RUNS].keys() == {tracking.replace("s3cret", "***")}
+    all_runs = runs(tracking, "pw_sweep", "parent") + runs(tracking, "pw_sweep")
+    # harness.train logs its whole config, logging.tracking_uri too: not the sweep's to mask
+    seen = [(r.data.params, r.data.tags) for r in all_runs]
+    assert "s3cret" not in json.dumps([({k: v for k, v in p.items() if k != "logging.tracking_uri"}, t) for p, t in seen])
