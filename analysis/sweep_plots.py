@@ -103,7 +103,8 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
 
     from harness.config import from_dict
     from harness.schema import read_yaml
-    from harness.sweep import default_storage_url, mask_url
+    from harness.sweep import default_storage_url
+    from harness.tracking import redact
 
     name = str(read_yaml(sweep, "sweep file").get("name")) if Path(sweep).suffix in (".yaml", ".yml") else str(sweep)
     tracking_uri = tracking_uri or from_dict({}).logging.tracking_uri
@@ -112,7 +113,7 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
     try:
         study = optuna.load_study(study_name=name, storage=storage_url)
     except KeyError:
-        raise KeyError(f"no Optuna study named {name!r} in {mask_url(storage_url)}; run `python -m harness.sweep` on its sweep file first") from None
+        raise KeyError(f"no Optuna study named {name!r} in {redact(storage_url)}; run `python -m harness.sweep` on its sweep file first") from None
     view = SweepView.of(study)  # its name was checked by harness.sweep: one safe path component
     return summary_for_study(view, study, tracking_uri, Path(out_dir) if out_dir else Path("reports") / view.name)
 
@@ -155,9 +156,10 @@ def summary_for_study(spec: SweepView, study: Any, tracking_uri: str | None, out
 
 
 def _parent_run_id(study: Any, tracking_uri: str | None) -> str | None:
-    from harness.sweep import ATTR_PARENT_RUNS, mask_url
+    from harness.sweep import ATTR_PARENT_RUNS
+    from harness.tracking import redact
 
-    return (study.user_attrs.get(ATTR_PARENT_RUNS) or {}).get(mask_url(tracking_uri or ""))
+    return (study.user_attrs.get(ATTR_PARENT_RUNS) or {}).get(redact(tracking_uri or ""))
 
 
 def _outcome(t: Any) -> str:
@@ -217,7 +219,7 @@ def _mlflow_runs_by_trial(sweep: str, tracking_uri: str | None, notes: list[str]
     """{trial number: its seed runs' ids} from the MLflow child runs tagged with the sweep."""
     from harness import tracking
     from harness.keys import TAG_SWEEP, TAG_TRIAL
-    from harness.sweep import mask_url
+    from harness.tracking import redact
 
     out: dict[int, list[str]] = {}
     try:
@@ -227,7 +229,7 @@ def _mlflow_runs_by_trial(sweep: str, tracking_uri: str | None, notes: list[str]
                 out.setdefault(int(r.data.tags[TAG_TRIAL]), []).append(r.info.run_id)
     except Exception as e:
         if notes is not None:
-            notes.append(f"MLflow runs not read from {mask_url(tracking_uri or '')}: {type(e).__name__}: {e}")
+            notes.append(f"MLflow runs not read from {redact(tracking_uri or '')}: {type(e).__name__}: {e}")
     return out
 
 

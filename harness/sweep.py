@@ -49,9 +49,7 @@ import os
 import sys
 import time
 import traceback
-import types
 import typing
-import urllib.parse
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +64,7 @@ from pydantic import Field, FiniteFloat, model_validator
 from harness import config, keys, schema
 from harness.config import TrainConfig, from_dict, merge
 from harness.schema import ConfigError, section
+from harness.tracking import redact
 
 TAG_STUDY = "harness.optuna_study"
 TAG_STORAGE = "harness.optuna_storage"  # password masked
@@ -265,19 +264,14 @@ class SweepSpec:
                 "sweep_file": str(self.path or "")}
 
 
-def _config_types(cls: type = TrainConfig, prefix: str = "") -> dict[str, Any]:
-    """Every TrainConfig leaf key -> its type (Annotated bounds stripped: values are checked by from_dict)."""
-    hints, out = typing.get_type_hints(cls), {}
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        out.update(_config_types(tp, f"{prefix}{f.name}.") if dataclasses.is_dataclass(tp) else {prefix + f.name: tp})
-    return out
+def _config_types() -> dict[str, Any]:
+    """Every TrainConfig leaf key -> its type (bounds are checked by from_dict on sample values)."""
+    return {key: tp for key, tp, *_ in schema.iter_fields(TrainConfig)}
 
 
 def _kind(tp: Any) -> tuple[str, list[Any] | None]:
     """(sampling type, all values or None) a config field type allows by default; 'other' when none."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (Union, types.UnionType) else [tp]
-    inner = args[0] if len(args) == 1 else None
+    _, inner = schema.base_type(tp)
     if typing.get_origin(inner) is Literal:
         return "categorical", list(typing.get_args(inner))
     if inner is bool:
@@ -289,7 +283,7 @@ def _build_config(data: dict[str, Any]) -> tuple[TrainConfig | None, list[str]]:
     """TrainConfig from data, or the problems config validation found."""
     try:
         return from_dict(data), []
-    except config.ConfigError as e:
+    except ConfigError as e:
         return None, list(e.problems)
 
 
@@ -364,7 +358,7 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: list[str] | None = 
         raw, src, here = schema.read_yaml(path, "sweep file"), str(path), path.resolve().parent
     try:
         over = config.parse_overrides(overrides)
-    except config.ConfigError as e:
+    except ConfigError as e:
         raise ConfigError(e.problems) from None
     raw = _apply_sweep_overrides(raw, {k.removeprefix("sweep."): v for k, v in over.items() if k.startswith("sweep.")})
     for k in ("sampler", "pruner"):
@@ -452,13 +446,6 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: list[str] | None = 
 # ----------------------------------------------------------------------------------------------
 # Storage, sampler, pruner, dead workers
 # ----------------------------------------------------------------------------------------------
-def mask_url(url: str) -> str:
-    """`url` with its password shown as ***: what is printed, tagged and stored instead of the URL.
-    (The MLflow tracking URI needs the same; this belongs in harness/tracking.py.)"""
-    password = urllib.parse.urlsplit(url).password
-    return url.replace(f":{password}@", ":***@", 1) if password else url
-
-
 def default_storage_url(tracking_uri: str) -> str:
     """optuna.db next to the MLflow sqlite file; sqlite:///optuna.db for other tracking URIs."""
     if tracking_uri.startswith("sqlite:///"):
@@ -578,7 +565,7 @@ def open_study(spec: SweepSpec, storage_url: str, tracking_uri: str, seed_offset
     stored = study.direction.name.lower()
     if stored != spec.direction:
         raise ConfigError([f"{spec.path or 'sweep'}: direction: got {spec.direction!r} but study {spec.name!r} in "
-                           f"{mask_url(storage_url)} was created with {stored!r}; allowed: {stored!r} (or a new sweep name)"])
+                           f"{redact(storage_url)} was created with {stored!r}; allowed: {stored!r} (or a new sweep name)"])
     return study, storage
 
 
@@ -777,13 +764,13 @@ def _parent_run(spec: SweepSpec, study: Any, tracking_uri: str, storage_url: str
     from harness import tracking
 
     runs = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {})
-    store = mask_url(tracking_uri)
+    store = redact(tracking_uri)
     if runs.get(store):
         with contextlib.suppress(Exception):  # deleted meanwhile: start a new one
             tracking.reopen_run(tracking_uri, runs[store])
             return runs[store]
     run_id = tracking.start_run(tracking_uri, spec.name, run_name=f"sweep {spec.name}", tags={
-        keys.TAG_ROLE: "parent", keys.TAG_SWEEP: spec.name, TAG_STUDY: spec.name, TAG_STORAGE: mask_url(storage_url),
+        keys.TAG_ROLE: "parent", keys.TAG_SWEEP: spec.name, TAG_STUDY: spec.name, TAG_STORAGE: redact(storage_url),
         keys.TAG_COMMIT: tracking.git_commit(), TAG_SWEEP_FILE: str(spec.path or "")})
     f = spec.file
     tracking.log_params(tracking_uri, run_id, {
@@ -825,7 +812,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     target = spec.trials + counts["interrupted"]  # interrupted trials are made up
     remaining = spec.trials - counts["counted"] - counts["running"]  # queued trials are run by these workers
     n_workers = max(0, min(workers, remaining))
-    print(f"[sweep {spec.name}] study in {mask_url(storage_url)}: {counts['counted']} finished, {counts['running']} running, "
+    print(f"[sweep {spec.name}] study in {redact(storage_url)}: {counts['counted']} finished, {counts['running']} running, "
           f"{counts['interrupted']} interrupted; target {spec.trials} total -> running {max(0, remaining)} now "
           f"with {n_workers} worker(s)", flush=True)
     threads = threads or spec.base_config.get("threads") or (max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None)
@@ -876,9 +863,9 @@ def plots_command(spec: SweepSpec, storage_url: str, tracking_uri: str) -> str:
     """The command that draws the sweep's plots and tables (passwords masked: give them again)."""
     cmd = f"python -m analysis.sweep_plots {spec.name}"
     if tracking_uri != from_dict({}).logging.tracking_uri:
-        cmd += f" --tracking-uri {mask_url(tracking_uri)}"
+        cmd += f" --tracking-uri {redact(tracking_uri)}"
     if storage_url != default_storage_url(tracking_uri):
-        cmd += f" --storage {mask_url(storage_url)}"
+        cmd += f" --storage {redact(storage_url)}"
     return cmd
 
 
@@ -934,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {k} = {_fmt(v)}")
     else:
         print("no completed trial yet")
-    print(f"MLflow parent run {result['parent_run_id']} in {mask_url(result['tracking_uri'])}")
+    print(f"MLflow parent run {result['parent_run_id']} in {redact(result['tracking_uri'])}")
     print(f"plots and tables: {plots_command(spec, result['storage_url'], result['tracking_uri'])}")
     # Failed, pruned and collapsed trials are results (exit 0); a dead worker process is not.
     return 1 if result["worker_errors"] else 0

@@ -186,9 +186,9 @@ def test_objective_of_a_collapsed_run_is_its_value_at_collapse_minus_the_penalty
 
 
 def test_urls_are_masked():
-    assert sweep.mask_url("postgresql://user:s3cret@db:5432/optuna") == "postgresql://user:***@db:5432/optuna"
-    assert sweep.mask_url("http://me:p%40ss@mlflow:5000") == "http://me:***@mlflow:5000"
-    assert sweep.mask_url("sqlite:////tmp/optuna.db") == "sqlite:////tmp/optuna.db"
+    assert tracking.redact("postgresql://user:s3cret@db:5432/optuna") == "postgresql://user:***@db:5432/optuna"
+    assert tracking.redact("http://me:p%40ss@mlflow:5000") == "http://me:***@mlflow:5000"
+    assert tracking.redact("sqlite:////tmp/optuna.db") == "sqlite:////tmp/optuna.db"
 
 
 def test_plots_cli_masks_the_storage_password_in_its_errors(tmp_path, capsys):
