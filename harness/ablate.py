@@ -144,9 +144,12 @@ def grid_hash(runs: list[RunSpec]) -> str:
 
 
 def lock_path(reg: Registry, uri: str, runs_dir: Path) -> Path:
-    """One lock per grid and store: beside a sqlite store's file, else in the runs folder."""
-    db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-    return (db.parent if db else runs_dir / reg.name) / f".{db.name if db else 'store'}.{reg.name}.ablate.lock"
+    """One lock per grid and store: beside a sqlite store's file (`NAME.ablate.mlflow.db.lock`), else
+    in the grid's runs folder."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        return db.parent / f"{reg.name}.ablate.{db.name}.lock"
+    return runs_dir / reg.name / "ablate.lock"
 
 
 class GridBusy(RuntimeError):
@@ -395,7 +398,7 @@ def describe_outcome(o: Outcome) -> str:
 class Progress:
     """One line per finished run. On a terminal also tqdm bars: the grid, and each run in flight
     (read from the store every POLL_S, whichever executor runs it); elsewhere each line ends with
-    the elapsed time and an ETA (mean wall time of the runs finished so far x the runs left)."""
+    the elapsed time and an ETA: elapsed / runs finished here x runs left."""
 
     def __init__(self, reg: Registry, total: int, done: int, bars: bool):
         from tqdm.auto import tqdm
@@ -429,12 +432,12 @@ class Progress:
             t, m = r.data.tags, r.data.metrics
             bar = self.bars.get(r.info.run_id)
             if bar is None:
-                bar = self.bars[r.info.run_id] = self.tqdm(
-                    total=steps.get((t.get(K.TAG_VARIANT), t.get(K.TAG_SEED))), desc=f"  {t.get(K.TAG_VARIANT)} · s{t.get(K.TAG_SEED)}",
-                    unit="step", leave=False, dynamic_ncols=True)
+                v, seed = t.get(K.TAG_VARIANT), t.get(K.TAG_SEED)
+                bar = self.bars[r.info.run_id] = self.tqdm(total=steps.get((v, seed)), desc=f"  {v} · s{seed}", unit="step",
+                                                           leave=False, dynamic_ncols=True)
             step = max((p.step for p in tracking.client(uri).get_metric_history(r.info.run_id, K.RM_SCORE)), default=0)
+            bar.set_postfix({short: f"{m[key]:.3g}" for key, short in ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len")) if key in m}, refresh=False)
             bar.update(step - bar.n)
-            bar.set_postfix({short: f"{m[key]:.3g}" for key, short in ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len")) if key in m})
         for rid in set(self.bars) - {r.info.run_id for r in live}:
             self.bars.pop(rid).close()
 
@@ -444,12 +447,15 @@ class Progress:
         self.grid.close()
 
 
-def open_parent(reg: Registry, uri: str, experiment_id: str, existing: list[Any], ghash: str, runs: int) -> str:
-    """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else new."""
+def open_parent(reg: Registry, uri: str, existing: list[Any], ghash: str, runs: int, create: bool) -> str | None:
+    """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else a
+    new one if `create`."""
     same = [r for r in existing if r.data.tags.get(K.TAG_ROLE) == "parent" and r.data.tags.get(TAG_GRID) == ghash]
     if same:
         tracking.reopen_run(uri, same[-1].info.run_id)
         return same[-1].info.run_id
+    if not create:
+        return None
     pid = tracking.start_run(uri, reg.name, f"{reg.name} {time.strftime('%Y-%m-%d %H:%M:%S')}", tags={
         K.TAG_ROLE: "parent", K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_COMMIT: tracking.git_commit(),
         TAG_GRID: ghash, "harness.registry_file": str(reg.path), "harness.scale": reg.scale,
@@ -507,35 +513,18 @@ def run_ablation(
         for o in done:
             prog.write(f"  skip   {o.variant} · seed {o.seed}: finished earlier (run {o.run_id})")
 
-        parent_id = None
+        parent_id = open_parent(reg, uri, existing, grid_hash(runs), len(runs), create=bool(tasks))
         outcomes: dict[int, Outcome] = {}
         interrupted = False
         if tasks:
-            parent_id = open_parent(reg, uri, exp_id, existing, grid_hash(runs), len(runs))
             tracking.set_tags(uri, parent_id, {"harness.workers": str(workers), "harness.executor": executor_kind,
                                                "harness.threads_per_run": str(threads)})
             for t in tasks:
                 t.parent_run_id = parent_id
             ex = executor(executor_kind, workers, runs_dir / reg.name / "submitit", **(cluster or {}))
-            steps = {(s.variant, str(s.seed)): getattr(getattr(s.cfg, "ppo", None), "steps", None) for s in runs}
-            futures: dict[Future, Task] = {}
-
-            def collect(f: Future) -> None:
-                t = futures.pop(f)
-                outcomes[t.index] = outcome_of(f, t)
-                prog.finish(outcomes[t.index])
-
             try:
-                for t in tasks:
-                    f = ex.submit(execute, t)
-                    futures[f] = t
-                    if f.done():  # --workers 0 ran it already
-                        collect(f)
-                while futures:
-                    for f in wait(futures, timeout=POLL_S if prog.bars_on else None, return_when=FIRST_COMPLETED).done:
-                        collect(f)
-                    if prog.bars_on and futures:
-                        prog.poll(uri, exp_id, steps)
+                steps = {(s.variant, str(s.seed)): s.cfg.ppo.steps for s in runs} if reg.kind == "train" else {}
+                drive(ex, tasks, outcomes, prog, lambda: prog.poll(uri, exp_id, steps))
                 ex.shutdown()
             except KeyboardInterrupt:
                 interrupted = True
@@ -562,6 +551,27 @@ def run_ablation(
             tracking.set_tags(uri, parent_id, tags)
             tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
     return result
+
+
+def drive(ex: Any, tasks: list[Task], outcomes: dict[int, Outcome], prog: Progress, poll: Any) -> None:
+    """Submit every task; collect each outcome as it finishes (and poll the bars meanwhile)."""
+    futures: dict[Future, Task] = {}
+
+    def collect(f: Future) -> None:
+        t = futures.pop(f)
+        outcomes[t.index] = outcome_of(f, t)
+        prog.finish(outcomes[t.index])
+
+    for t in tasks:
+        f = ex.submit(execute, t)
+        futures[f] = t
+        if f.done():  # --workers 0 ran it already
+            collect(f)
+    while futures:
+        for f in wait(futures, timeout=POLL_S if prog.bars_on else None, return_when=FIRST_COMPLETED).done:
+            collect(f)
+        if prog.bars_on and futures:
+            poll()
 
 
 def _default_tracking_uri(reg: Registry) -> str:
