@@ -37,7 +37,6 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -195,8 +194,6 @@ class Outcome:
     error: str | None = None
     wall_s: float = 0.0
     note: str = ""
-    skipped: bool = False
-    """FINISHED before this invocation (not run again)."""
 
     @property
     def ok(self) -> bool:
@@ -245,7 +242,7 @@ def plan_tasks(reg: Registry, runs: list[RunSpec], existing: list[Any], *, track
         finished = [r for r in seen if r.info.status == "FINISHED"]
         if finished:
             r = finished[-1]
-            done.append(Outcome(spec.variant, spec.seed, "FINISHED", run_id=r.info.run_id, skipped=True,
+            done.append(Outcome(spec.variant, spec.seed, "FINISHED", run_id=r.info.run_id,
                                 collapsed=r.data.tags.get(K.TAG_COLLAPSED) == "true", note="finished earlier"))
             continue
         last = seen[-1].info.status if seen else None
@@ -287,7 +284,6 @@ def execute(task: Task) -> Outcome:
         raise
     except Exception as e:  # noqa: BLE001 - one broken run must not take the grid down
         out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
-        out.note += "\n" + traceback.format_exc(limit=8)
     out.wall_s = time.time() - t0
     return out
 
@@ -330,21 +326,15 @@ def _execute_world(task: Task, out: Outcome) -> Outcome:
     except Exception as e:  # noqa: BLE001
         out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
     # Find the run build_world logged (by our tags) so the summary can read its metrics.
-    exp = tracking.client(task.tracking_uri).get_experiment_by_name(task.experiment)
-    runs = [r for r in grid_runs(task.tracking_uri, exp.experiment_id, task.experiment)
-            if _run_key(r) == (task.variant, str(task.seed), task.config_hash)] if exp else []
+    exp_id = tracking.ensure_experiment(task.tracking_uri, task.experiment)
+    runs = [r for r in grid_runs(task.tracking_uri, exp_id, task.experiment) if _run_key(r) == (task.variant, str(task.seed), task.config_hash)]
     if runs:
-        latest = runs[-1]
-        out.run_id = latest.info.run_id
-        if out.status == "FAILED" and latest.info.status == "RUNNING":
+        out.run_id, status = runs[-1].info.run_id, runs[-1].info.status
+        if out.status == "FAILED" and status == "RUNNING":
             tracking.set_tags(task.tracking_uri, out.run_id, {K.TAG_FAILURE: (out.error or "")[:4000]})
             tracking.end_run(task.tracking_uri, out.run_id, "FAILED")
-        elif out.status == "FINISHED" and latest.info.status != "FINISHED":
-            out.status, out.error = "FAILED", f"world run ended {latest.info.status}"
-    elif out.status == "FINISHED":
-        out.status = "FAILED"
-        out.error = (f"build_world reused {task.world_out} without logging a run to {task.tracking_uri}; "
-                     f"delete that folder and rerun to log the reward-model training")
+        elif out.status == "FINISHED" and status != "FINISHED":
+            out.status, out.error = "FAILED", f"world run ended {status}"
     return out
 
 
