@@ -45,19 +45,18 @@ from . import keys, tracking
 from .config import ConfigError, TrainConfig, from_dict, load_config, merge, parse_overrides, to_dict, to_yaml
 
 STOP_FILE = "STOP"  # = harness.distributed.STOP_FILE (not imported: this module must stay light)
-
-
 EXECUTORS = ("local", "slurm", "submitit-local")
 
 
 class Executor:
     """`submit(fn, *args) -> Future`: at most `workers` calls at a time, each made by
     `engine(fn, *args)` (which blocks until the result) on a thread of this process; workers=0
-    calls fn at once in the caller's thread (for pdb)."""
+    calls fn at once in the caller's thread (for pdb). `cancel()` stops the engine's calls in flight
+    (cluster jobs, which a Ctrl-C here does not reach)."""
 
-    def __init__(self, workers: int, engine: Callable[..., Any]):
+    def __init__(self, workers: int, engine: Callable[..., Any], cancel: Callable[[], None] | None = None):
         self.pool = ThreadPoolExecutor(workers) if workers > 0 else None
-        self.engine = engine
+        self.engine, self.cancel = engine, cancel
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self.pool is not None:
@@ -70,7 +69,9 @@ class Executor:
         return fut
 
     def shutdown(self, cancel: bool = False) -> None:
-        """Wait for the calls in flight; cancel=True drops those not started yet."""
+        """Wait for the calls in flight; cancel=True first drops those not started and cancels the others."""
+        if cancel and self.cancel is not None:
+            self.cancel()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=cancel)
 
@@ -83,22 +84,30 @@ def in_own_process(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def on_cluster(folder: str | Path, cluster: str, **params: Any) -> Callable[..., Any]:
-    """Engine submitting each call as one submitit job (cluster `slurm`, or `local`: subprocesses
-    on this machine without Slurm). params: submitit's (timeout_min, gpus_per_node, cpus_per_task,
+class OnCluster:
+    """Engine: each call one submitit job (cluster `slurm`, or `local`: subprocesses on this
+    machine without Slurm). params: submitit's (timeout_min, gpus_per_node, cpus_per_task,
     slurm_partition, ...). A job that dies raises submitit's FailedJobError / UncompletedJobError."""
-    import submitit
 
-    ex = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    ex.update_parameters(**params)
-    lock = threading.Lock()  # one submission at a time: submitit's executor is not thread-safe
+    def __init__(self, folder: str | Path, cluster: str, **params: Any):
+        import submitit
 
-    def engine(fn: Callable[..., Any], *args: Any) -> Any:
-        with lock:
-            job = ex.submit(fn, *args)
-        return job.result()
+        self.ex = submitit.AutoExecutor(folder=folder, cluster=cluster)
+        self.ex.update_parameters(**params)
+        self.lock, self.jobs = threading.Lock(), set()  # submissions one at a time; the jobs in flight
 
-    return engine
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.lock:
+            job = self.ex.submit(fn, *args)
+            self.jobs.add(job)
+        try:
+            return job.result()
+        finally:
+            self.jobs.discard(job)
+
+    def cancel(self) -> None:
+        for job in list(self.jobs):
+            job.cancel(check=False)
 
 
 def executor(kind: str, workers: int, folder: str | Path | None = None, **cluster_params: Any) -> Executor:
@@ -108,7 +117,8 @@ def executor(kind: str, workers: int, folder: str | Path | None = None, **cluste
         return Executor(workers, in_own_process)
     if kind not in EXECUTORS:
         raise ValueError(f"executor: got {kind!r}; allowed: {', '.join(EXECUTORS)}")
-    return Executor(workers, on_cluster(folder or "submitit", "slurm" if kind == "slurm" else "local", **cluster_params))
+    engine = OnCluster(folder or "submitit", "slurm" if kind == "slurm" else "local", **cluster_params)
+    return Executor(workers, engine, engine.cancel)
 
 
 def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False, launcher: str = "torchrun",

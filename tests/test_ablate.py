@@ -254,3 +254,25 @@ def test_world_kind_grid_logs_reward_model_training_as_child_runs(tmp_path, stor
     assert c.get_metric_history(run.info.run_id, K.RM_EVAL_ACC)
     assert K.RM_SCORE_DIFF in [a.path for a in c.list_artifacts(run.info.run_id)]
     assert "final RM eval acc" in capsys.readouterr().out
+
+
+def test_local_engine_a_dying_process_fails_only_its_own_call():
+    from concurrent.futures.process import BrokenProcessPool
+
+    from harness.launch import executor
+
+    ex = executor("local", workers=2)
+    crash, fine = ex.submit(os.abort), ex.submit(pow, 2, 10)  # os.abort: the process dies on SIGABRT
+    ex.shutdown()
+    assert isinstance(crash.exception(), BrokenProcessPool) and fine.result() == 1024
+
+
+def test_cluster_engine_cancels_its_jobs_on_interrupt(tmp_path):
+    from harness.launch import executor
+
+    ex = executor("submitit-local", workers=1, folder=tmp_path, timeout_min=5)
+    fut = ex.submit(time.sleep, 120)
+    while not ex.engine.jobs:  # submitted
+        time.sleep(0.05)
+    ex.shutdown(cancel=True)  # what the runner does on Ctrl-C: the job would otherwise run on
+    assert fut.exception() is not None  # cancelled; a finished sleep returns None
