@@ -141,17 +141,23 @@ def test_kill_9_of_the_grid_then_rerun_resumes_under_one_parent(tmp_path, store,
     proc = subprocess.Popen([sys.executable, "-m", "harness.ablate", *args(store, path, "--workers", "2")], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     c = MlflowClient(uri(store))
-    try:
-        past = None
-        while past is None:  # until a run has logged step 2 (so it has a checkpoint at step 1)
+
+    def poll_until(found):
+        while not (hit := found()):
             assert proc.poll() is None, "the grid ended before it could be killed"
             time.sleep(0.2)
-            for r in runs_of(store, "kill_grid"):
-                if max((m.step for m in c.get_metric_history(r.info.run_id, K.RM_SCORE)), default=0) >= 2:
-                    past = r
+        return hit
+
+    def past_step_2():  # a run that logged step 2 (so it has a checkpoint at step 1)
+        return next((r for r in runs_of(store, "kill_grid")
+                     if max((m.step for m in c.get_metric_history(r.info.run_id, K.RM_SCORE)), default=0) >= 2), None)
+
+    try:
+        poll_until(lambda: runs_of(store, "kill_grid"))  # a run started: the runner holds the grid
         # a second runner on the same grid is refused while the first holds it
         assert ablate.main(args(store, path, "--workers", "2")) == 3
         assert "another `python -m harness.ablate` is running grid 'kill_grid'" in capsys.readouterr().err
+        past = poll_until(past_step_2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the runner and its workers, as a crash of the machine would
         proc.wait()
