@@ -673,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--list", action="store_true", help="list every registry file with its figure, variants and estimated CPU minutes")
     ap.add_argument("--dry-run", action="store_true", help="print the expanded runs and validate every config; train nothing")
     ap.add_argument("--workers", type=int, default=1, metavar="N",
-                    help="runs at a time, each in its own process, CPU threads split among them (0 = in this process, for pdb)")
+                    help="runs at a time, each in its own process (or Slurm job), CPU threads split among them (0 = in this process, for pdb)")
     ap.add_argument("--seeds", metavar="LIST", help="seeds to run instead of the file's, e.g. 0,1 or 0-4")
     ap.add_argument("--set", dest="overrides", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override a config key in every run, e.g. --set ppo.steps=20 (repeatable)")
