@@ -3,48 +3,54 @@
     python -m harness.ablate ablations/score_reparam.yaml --workers 2
     python -m harness.ablate ablations/score_reparam.yaml --dry-run        # expand + validate only
     python -m harness.ablate ablations/kl_eta.yaml --seeds 0 --set ppo.steps=20
+    python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8
     python -m harness.ablate --list                                        # the whole registry
 
-Rerunning the same command resumes the grid: runs that already FINISHED with the same resolved
-config (tag harness.config_hash) are skipped, runs that were killed continue from their last
-checkpoint (train(cfg, resume=True) in a run folder fixed by the config hash and variant x seed),
-and runs that FAILED start over. One failing variant never stops the others; the exit code is 1
-and the summary names each failed run and why.
+Resume, from the MLflow store alone: rerunning the same command skips runs that FINISHED with the
+same resolved config (tag harness.config_hash), continues runs that were KILLED (or left RUNNING by
+a runner that died) from their last checkpoint into the same MLflow run (train(cfg, resume=True) in
+a run folder fixed by the config hash and variant x seed), and starts FAILED runs over. The grid
+stays under one parent run (tag harness.grid_hash: same runs, same parent). A lock file per grid
+and store keeps a second runner off a grid in flight, so whatever the store shows RUNNING once the
+lock is held is dead, and is marked KILLED. One failing variant never stops the others; the exit
+code is 1 and the summary names each failed run and why (3: another runner holds the grid).
 
-Runs execute in worker processes (multiprocessing, spawn): `--workers N` runs N at a time and
-splits the CPU threads among them (at most DEFAULT_MAX_THREADS each unless --threads says more);
-`--workers 0` runs everything in this process (for pdb).
+Where runs execute (harness.launch): `--executor local` runs each in its own spawned process,
+`--workers N` at a time, the CPU threads split among them (at most DEFAULT_MAX_THREADS each unless
+--threads says more); `--workers 0` runs everything in this process (for pdb); `--executor slurm`
+submits each run as a Slurm job (submitit; `submitit-local`: the same path on this machine). A run
+whose config needs several ranks (a CUDA config in distributed mode on a machine with several GPUs,
+e.g. `--scale paper`, or `--nproc N`) becomes a torchrun / deepspeed job inside its worker
+(harness.launch.launch_train). After a crash of the runner itself, cancel its Slurm jobs (and any
+torchrun ranks left behind) before rerunning: only the runner's own processes die with it.
 
-Layout: MLflow experiment = registry name; run folders under
-`{--runs-dir}/{name}/{config hash}/{variant-slug}-s{seed}/` (checkpoints, run.json);
-`{--runs-dir}/{name}/summary.csv` per-run final/peak metrics.
+Layout: MLflow experiment = registry name; run folders (the trainer's checkpoints) under
+`{--runs-dir}/{name}/{config hash}/{variant-slug}-s{seed}/`; `{--runs-dir}/{name}/summary.csv` (per
+variant) and `summary_runs.csv` (per run), also logged on the parent run.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import hashlib
 import json
-import math
-import multiprocessing as mp
 import os
-import queue
 import shutil
-import signal
-import socket
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from filelock import FileLock, Timeout
 
 from . import keys as K
+from . import summary as S
 from . import tracking
-from .config import ConfigError, from_dict, parse_overrides, to_dict
-from .registry import (
-    ABLATIONS_DIR, Registry, RegistryError, RunSpec, load_registry, parse_seeds, registry_files, validate_config,
-    with_runner_settings,
-)
+from .config import ConfigError, merge, parse_overrides, to_dict
+from .launch import EXECUTORS, executor, launch_train
+from .registry import ABLATIONS_DIR, Registry, RunSpec, load_registry, parse_seeds, registry_files
 
 # -- CPU cost model for --list -----------------------------------------------------------------
 # One PPO step on the default embedded world (rollout of 32 prompts x 24-token cap, RM + gold
@@ -64,15 +70,11 @@ WORLD_BUILD_CPU_MIN = 4.5  # one default embedded-world build (kind: world), sin
 # the box was oversubscribed). So more cores are used through --workers, not threads.
 DEFAULT_MAX_THREADS = 1
 
-TEST_KILL_ENV = "HARNESS_ABLATE_TEST_KILL_AT"
-"""Test hook: 'VARIANT|SEED|STEP' makes the worker running that run SIGKILL the runner and then
-itself at that step, as a machine crash would (the MLflow runs stay RUNNING)."""
-
-SUMMARY_METRICS = {
-    "train": [(K.RM_SCORE, "rm_score"), (K.GOLD_SCORE, "gold_score"), (K.KL, "kl"), (K.PPL, "ppl"), (K.LENGTH, "length")],
-    "world": [(K.RM_TRAIN_ACC, "rm_train_acc"), (K.RM_EVAL_ACC, "rm_eval_acc"), (K.RM_TRAIN_LOSS, "rm_train_loss")],
-}
-PEAK_IS_MIN = {K.PPL, K.RM_TRAIN_LOSS}  # "peak" of perplexity / loss = its lowest value
+TAG_GRID = "harness.grid_hash"
+"""On the parent run: hash of the grid's (variant, seed, config hash) list; a rerun of the same
+grid reopens the parent with this tag instead of starting a second one."""
+POLL_S = 2.0
+"""Seconds between reads of the store for the progress bars of runs in flight."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,35 +130,63 @@ def resolve_registry_path(text: str) -> Path:
     return cand if cand.is_file() else p
 
 
+def unique_runs(reg: Registry) -> tuple[list[RunSpec], str | None]:
+    """The grid's runs, each variant x seed once (`--seeds 0,0` lists one twice), and a note if
+    any was dropped."""
+    runs = list({(r.variant, r.seed): r for r in reg.runs}.values())
+    twice = sorted({s for s in reg.seeds if reg.seeds.count(s) > 1})
+    return runs, (f"seed(s) {twice} listed more than once; each variant x seed runs once" if twice else None)
+
+
+def grid_hash(runs: list[RunSpec]) -> str:
+    return hashlib.sha256(json.dumps(sorted((r.variant, r.seed, r.config_hash) for r in runs)).encode()).hexdigest()[:16]
+
+
+def lock_path(reg: Registry, uri: str, runs_dir: Path) -> Path:
+    """One lock per grid and store: beside a sqlite store's file (`NAME.ablate.mlflow.db.lock`), else
+    in the grid's runs folder."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        return db.parent / f"{reg.name}.ablate.{db.name}.lock"
+    return runs_dir / reg.name / "ablate.lock"
+
+
+class GridBusy(RuntimeError):
+    """Another runner holds this grid's lock."""
+
+
 # --------------------------------------------------------------------------------------------
-# Planning: what each run needs and whether it is done already
+# Planning: what each run needs, from the MLflow store alone
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Task:
-    """A run handed to a worker (plain data: it crosses a process boundary)."""
+    """A run handed to an executor (plain data: it crosses a process boundary)."""
 
     index: int
     kind: str
     variant: str
     seed: int
-    run_name: str
     config_hash: str
     cfg: dict[str, Any]
+    """The run's resolved config (TrainConfig or WorldConfig as a dict), runner settings applied."""
     resume: bool
-    total_steps: int
     note: str
     tracking_uri: str
     experiment: str
     tags: dict[str, str]
     parent_run_id: str | None = None
     world_out: str | None = None
+    """kind world: the world's output folder."""
+    nproc: int | None = None
+    """Ranks per run (None: every visible GPU for a CUDA config in distributed mode, else 1)."""
+    launcher: str = "torchrun"
 
 
 @dataclass
 class Outcome:
     variant: str
     seed: int
-    status: str  # FINISHED | FAILED | KILLED | SKIPPED(finished before)
+    status: str  # FINISHED | FAILED | KILLED
     run_id: str | None = None
     steps_done: int = 0
     collapsed: bool = False
@@ -164,7 +194,6 @@ class Outcome:
     error: str | None = None
     wall_s: float = 0.0
     note: str = ""
-    skipped: bool = False
 
     @property
     def ok(self) -> bool:
@@ -178,22 +207,12 @@ def runner_tags(reg: Registry, spec: RunSpec) -> dict[str, str]:
     }
 
 
-def run_folder(runs_dir: Path, reg: Registry, spec: RunSpec) -> Path:
-    """Output dir of one run: the config hash in the path means a changed config never resumes
-    from (or overwrites) the checkpoint of a different one."""
-    return Path(runs_dir) / reg.name / spec.config_hash
-
-
-def existing_child_runs(tracking_uri: str, experiment_id: str, ablation: str) -> list[Any]:
-    c = tracking.client(tracking_uri)
-    out, token = [], None
-    while True:
-        page = c.search_runs([experiment_id], filter_string=f"tags.`{K.TAG_ABLATION}` = '{ablation}'",
-                             max_results=1000, page_token=token)
-        out += list(page)
-        token = page.token
-        if not token:
-            return out
+def grid_runs(uri: str, experiment_id: str, ablation: str, where: str = "") -> list[Any]:
+    """Every run (parent and children) this grid logged to the store, oldest first."""
+    runs = tracking.client(uri).search_runs(
+        [experiment_id], filter_string=f"tags.`{K.TAG_ABLATION}` = '{ablation}'" + (f" and {where}" if where else ""),
+        max_results=50000)
+    return sorted(runs, key=lambda r: r.info.start_time)
 
 
 def _run_key(run: Any) -> tuple[str, str, str]:
@@ -201,98 +220,62 @@ def _run_key(run: Any) -> tuple[str, str, str]:
     return t.get(K.TAG_VARIANT, ""), t.get(K.TAG_SEED, ""), t.get(K.TAG_CONFIG_HASH, "")
 
 
-def plan_tasks(reg: Registry, *, tracking_uri: str, runs_dir: Path, existing: list[Any],
-               progress: bool = False) -> tuple[list[Task], list[Outcome]]:
-    """Split the grid into runs to do (with resume decisions) and runs already FINISHED.
-    Configs keep threads=0 ("decide later"); run_ablation fills it once it knows the parallelism."""
-    known_ids = {r.info.run_id for r in existing}
-    finished: dict[tuple[str, str, str], Any] = {}
-    failed_before: set[tuple[str, str, str]] = set()
-    for run in existing:
-        key = _run_key(run)
-        if run.info.status == "FINISHED":
-            prev = finished.get(key)
-            if prev is None or run.info.start_time > prev.info.start_time:
-                finished[key] = run
-        elif run.info.status == "FAILED":
-            failed_before.add(key)
+def mark_dead(uri: str, experiment_id: str, ablation: str) -> None:
+    """Runs of this grid still RUNNING while we hold its lock belong to a runner that died (or a
+    worker that crashed): close them as KILLED. Resuming a train run reopens it."""
+    for r in grid_runs(uri, experiment_id, ablation, "attributes.status = 'RUNNING'"):
+        tracking.end_run(uri, r.info.run_id, "KILLED")
 
+
+def plan_tasks(reg: Registry, runs: list[RunSpec], existing: list[Any], *, tracking_uri: str, runs_dir: Path,
+               threads: int, progress: bool, nproc: int | None, launcher: str) -> tuple[list[Task], list[Outcome]]:
+    """Split the grid into runs already FINISHED and runs to do: resume the ones last seen KILLED,
+    start the others (new, or FAILED before) from scratch."""
+    history: dict[tuple[str, str, str], list[Any]] = {}
+    for r in existing:
+        if r.data.tags.get(K.TAG_ROLE) != "parent":
+            history.setdefault(_run_key(r), []).append(r)
     tasks: list[Task] = []
     done: list[Outcome] = []
-    for i, spec in enumerate(reg.runs):
-        key = (spec.variant, str(spec.seed), spec.config_hash)
-        if key in finished:
-            run = finished[key]
-            done.append(Outcome(spec.variant, spec.seed, "FINISHED", run_id=run.info.run_id, skipped=True,
-                                collapsed=run.data.tags.get(K.TAG_COLLAPSED) == "true", note="finished earlier"))
+    for i, spec in enumerate(runs):
+        seen = history.get((spec.variant, str(spec.seed), spec.config_hash), [])
+        finished = [r for r in seen if r.info.status == "FINISHED"]
+        if finished:
+            r = finished[-1]
+            done.append(Outcome(spec.variant, spec.seed, "FINISHED", run_id=r.info.run_id,
+                                collapsed=r.data.tags.get(K.TAG_COLLAPSED) == "true", note="finished earlier"))
             continue
-        out_dir = run_folder(runs_dir, reg, spec)
+        last = seen[-1].info.status if seen else None
+        resume = reg.kind == "train" and last in ("KILLED", "RUNNING")
+        note = "resume from its last checkpoint" if resume else (f"rerun after {last}" if last else "new")
+        out_dir = Path(runs_dir) / reg.name / spec.config_hash  # the hash in the path: a changed config never shares a checkpoint
         tags = runner_tags(reg, spec)
-        resume, note = False, "new"
-        world_out = None
+        cfg, world_out = to_dict(spec.cfg), None
         if reg.kind == "train":
-            settings = {
-                "logging.tracking_uri": tracking_uri, "logging.experiment": reg.name,
-                "logging.run_name": spec.run_name, "logging.output_dir": str(out_dir),
+            if not resume:  # a fresh start must not pick up the checkpoint of a run the store no longer continues
+                shutil.rmtree(out_dir / spec.run_name, ignore_errors=True)
+            cfg = merge(cfg, {
+                "threads": cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
+                "logging.experiment": reg.name, "logging.run_name": spec.run_name, "logging.output_dir": str(out_dir),
                 "logging.tags": {**spec.cfg.logging.tags, **tags}, "logging.progress": progress,
-            }
-            cfg = with_runner_settings(spec.cfg, settings)
-            run_dir = out_dir / spec.run_name
-            info = _read_run_json(run_dir / "run.json")
-            if info is not None and (info.get("status") in ("FAILED", "FINISHED") or info.get("run_id") not in known_ids):
-                # FAILED: start over. FINISHED here but not in this store, or a run this store never
-                # saw (the store was moved or wiped): log it again from scratch; an old checkpoint
-                # must not short-cut it, and train() could not reopen a run id the store lacks.
-                shutil.rmtree(run_dir, ignore_errors=True)
-                note = "rerun after failure" if info.get("status") == "FAILED" else "rerun (not in this MLflow store)"
-            elif run_dir.exists():
-                resume = True
-                step = (info or {}).get("step", 0)
-                note = f"resume from step {step}" if step else "restart (killed before its first checkpoint)"
-            elif key in failed_before:
-                note = "rerun after failure"
-            total = cfg.ppo.steps
+            })
         else:
-            cfg = spec.cfg
             world_out = str(out_dir / "world")
-            note = "rerun after failure" if key in failed_before else "new"
-            total = 0
-        tasks.append(Task(
-            index=i, kind=reg.kind, variant=spec.variant, seed=spec.seed, run_name=spec.run_name,
-            config_hash=spec.config_hash, cfg=to_dict(cfg), resume=resume, total_steps=total, note=note,
-            tracking_uri=tracking_uri, experiment=reg.name, tags=tags, world_out=world_out,
-        ))
+        tasks.append(Task(i, reg.kind, spec.variant, spec.seed, spec.config_hash, cfg, resume, note, tracking_uri,
+                          reg.name, tags, world_out=world_out, nproc=nproc, launcher=launcher))
     return tasks, done
 
 
-def _read_run_json(p: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 # --------------------------------------------------------------------------------------------
-# Executing one run (in a worker process or in this one)
+# Executing one run (in a worker process, a cluster job, or this process)
 # --------------------------------------------------------------------------------------------
-ProgressFn = Callable[[int, dict[str, float]], None]
-
-
-def execute(task: Task, on_progress: ProgressFn) -> Outcome:
+def execute(task: Task) -> Outcome:
     """Run one task to the end; never raises except KeyboardInterrupt."""
     t0 = time.time()
     out = Outcome(task.variant, task.seed, "FAILED", note=task.note)
     try:
         if task.kind == "train":
-            from .train import train
-
-            cfg = from_dict(task.cfg)
-
-            def on_step(step: int, metrics: dict[str, float]) -> bool:
-                on_progress(step, metrics)
-                return False
-
-            res = train(cfg, resume=task.resume, on_step=on_step)
+            res = _train(task)
             out.status, out.run_id, out.steps_done = res.status, res.run_id, res.steps_done
             out.collapsed, out.collapse_step, out.error = res.collapsed, res.collapse_step, res.error
         else:
@@ -301,93 +284,69 @@ def execute(task: Task, on_progress: ProgressFn) -> Outcome:
         raise
     except Exception as e:  # noqa: BLE001 - one broken run must not take the grid down
         out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
-        out.note += "\n" + traceback.format_exc(limit=8)
     out.wall_s = time.time() - t0
-    if task.kind == "train":
-        _retire_stale_runs(task, out)
     return out
 
 
-def _execute_world(task: Task, out: Outcome) -> Outcome:
-    """kind: world: build (or reuse) a world for this variant; its RM training is the child run."""
-    from .world import build_world
-    from .world.config import WorldConfig
+def _train(task: Task) -> Any:
+    """harness.train.train in this process, or launch_train when the run needs several ranks."""
+    import torch
 
-    wcfg = validate_config(task.cfg, WorldConfig)
+    from .config import from_dict
+    from .distributed import is_distributed
+    from .train import train
+
+    cfg = from_dict(merge(task.cfg, {"logging.parent_run_id": task.parent_run_id}))  # resumed runs keep theirs
+    parent = os.getppid()
+
+    def on_step(step: int, metrics: dict[str, float]) -> bool:
+        if os.getppid() != parent:  # orphaned (the runner was killed alone): end KILLED, resumable
+            raise KeyboardInterrupt("the ablation runner is gone")
+        return False
+
+    gpus = torch.cuda.device_count() if cfg.device != "cpu" and is_distributed(cfg) else 1
+    nproc = task.nproc or gpus
+    if nproc > 1:
+        return launch_train(cfg, nproc=nproc, resume=task.resume, on_step=on_step, launcher=task.launcher)
+    return train(cfg, resume=task.resume, on_step=on_step)
+
+
+def _execute_world(task: Task, out: Outcome) -> Outcome:
+    """kind: world: build a world for this variant; its RM training is the child run."""
+    from .world import build_world
+    from .world.config import world_config_from_dict
+
     try:
         # force: we only get here when the store has no finished run of this world, so a cached
         # build (which build_world would return without logging) must be rebuilt to be logged.
-        build_world(wcfg, task.world_out, tracking_uri=task.tracking_uri, experiment=task.experiment,
-                    parent_run_id=task.parent_run_id, tags=task.tags, progress=False, force=True)
+        build_world(world_config_from_dict(task.cfg), task.world_out, tracking_uri=task.tracking_uri,
+                    experiment=task.experiment, parent_run_id=task.parent_run_id,
+                    tags=task.tags, progress=False, force=True)
         out.status = "FINISHED"
     except Exception as e:  # noqa: BLE001
         out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
     # Find the run build_world logged (by our tags) so the summary can read its metrics.
-    runs = _runs_with_tags(task)
+    exp_id = tracking.ensure_experiment(task.tracking_uri, task.experiment)
+    runs = [r for r in grid_runs(task.tracking_uri, exp_id, task.experiment) if _run_key(r) == (task.variant, str(task.seed), task.config_hash)]
     if runs:
-        latest = max(runs, key=lambda r: r.info.start_time)
-        out.run_id = latest.info.run_id
-        if out.status == "FAILED" and latest.info.status == "RUNNING":
+        out.run_id, status = runs[-1].info.run_id, runs[-1].info.status
+        if out.status == "FAILED" and status == "RUNNING":
             tracking.set_tags(task.tracking_uri, out.run_id, {K.TAG_FAILURE: (out.error or "")[:4000]})
             tracking.end_run(task.tracking_uri, out.run_id, "FAILED")
-        elif out.status == "FINISHED" and latest.info.status != "FINISHED":
-            out.status, out.error = "FAILED", f"world run ended {latest.info.status}"
-    elif out.status == "FINISHED":
-        # build_world returned from its cache without logging: this store has no record of the
-        # world, so the figure would be empty. Say how to get one.
-        out.status = "FAILED"
-        out.error = (f"build_world reused {task.world_out} without logging a run to {task.tracking_uri}; "
-                     f"delete that folder and rerun to log the reward-model training")
+        elif out.status == "FINISHED" and status != "FINISHED":
+            out.status, out.error = "FAILED", f"world run ended {status}"
     return out
 
 
-def _runs_with_tags(task: Task) -> list[Any]:
-    exp = tracking.client(task.tracking_uri).get_experiment_by_name(task.experiment)
-    if exp is None:
-        return []
-    return [r for r in existing_child_runs(task.tracking_uri, exp.experiment_id, task.tags[K.TAG_ABLATION])
-            if _run_key(r) == (task.variant, str(task.seed), task.config_hash)]
-
-
-def _retire_stale_runs(task: Task, out: Outcome) -> None:
-    """A run killed before its first checkpoint restarts as a new MLflow run; mark the old one
-    KILLED so the store holds one live run per variant x seed."""
+def outcome_of(fut: Future, task: Task) -> Outcome:
+    """The run's Outcome, or FAILED with why when its worker process or job died under it."""
     try:
-        for r in _runs_with_tags(task):
-            if r.info.run_id != out.run_id and r.info.status == "RUNNING":
-                tracking.set_tags(task.tracking_uri, r.info.run_id, {"harness.superseded_by": str(out.run_id)})
-                tracking.end_run(task.tracking_uri, r.info.run_id, "KILLED")
-    except Exception:  # noqa: BLE001 - bookkeeping only
-        pass
-
-
-# -- worker process -------------------------------------------------------------------------------
-def _worker_main(worker_id: int, task_q: Any, event_q: Any, runner_pid: int) -> None:
-    """Loop: take a task, run it, report progress and the outcome. Exits on None or when the runner
-    is gone (an orphaned worker stops its run as KILLED so it can be resumed later)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    kill_at = os.environ.get(TEST_KILL_ENV, "")
-    try:
-        from . import train  # noqa: F401 - import torch/transformers now, while the runner plans
-
-        while True:
-            task = task_q.get()
-            if task is None:
-                return
-
-            def on_progress(step: int, metrics: dict[str, float], task: Task = task) -> None:
-                if os.getppid() != runner_pid:
-                    raise KeyboardInterrupt("the ablation runner is gone")
-                if kill_at and kill_at == f"{task.variant}|{task.seed}|{step}":
-                    os.kill(runner_pid, signal.SIGKILL)
-                    os.kill(os.getpid(), signal.SIGKILL)
-                small = {k: float(metrics[k]) for k in (K.RM_SCORE, K.KL, K.LENGTH, K.GOLD_SCORE) if k in metrics}
-                event_q.put(("step", worker_id, task.index, step, small))
-
-            out = execute(task, on_progress)
-            event_q.put(("done", worker_id, task.index, dataclasses.asdict(out)))
-    except KeyboardInterrupt:
-        return
+        return fut.result()
+    except BrokenProcessPool:
+        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
+    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
+        why = f"{type(e).__name__}: {e}"
+    return Outcome(task.variant, task.seed, "FAILED", error=why, note=task.note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,8 +359,10 @@ class AblationResult:
     parent_run_id: str | None
     tracking_uri: str
     wall_s: float
-    summary: Any = None  # pandas DataFrame, one row per variant
-    per_run: Any = None  # pandas DataFrame, one row per run
+    summary: Any = None
+    """pandas DataFrame, one row per variant (S.TRAIN_TABLE / S.WORLD_TABLE columns)."""
+    per_run: Any = None
+    """pandas DataFrame, one row per run."""
     interrupted: bool = False
 
     @property
@@ -411,63 +372,6 @@ class AblationResult:
     @property
     def exit_code(self) -> int:
         return 130 if self.interrupted else (1 if self.failed else 0)
-
-
-class _Bars:
-    """An overall bar plus one bar per worker slot (tqdm), and one line per finished run."""
-
-    def __init__(self, reg: Registry, total: int, initial: int, slots: int, enabled: bool | None):
-        from tqdm.auto import tqdm
-
-        self.tqdm = tqdm
-        self.enabled = enabled
-        self.total = total
-        self.done = initial
-        disable = (not sys.stderr.isatty()) if enabled is None else (not enabled)  # auto: bars only on a terminal
-        self.overall = tqdm(total=total, initial=initial, desc=reg.name, unit="run", position=0,
-                            dynamic_ncols=True, disable=disable)
-        self.disabled = self.overall.disable
-        self.slots: dict[int, Any] = {}
-        self.nslots = slots
-
-    def start(self, slot: int, task: Task) -> None:
-        if self.disabled:
-            return
-        old = self.slots.pop(slot, None)
-        if old is not None:
-            old.close()
-        self.slots[slot] = self.tqdm(total=task.total_steps or None, desc=f"  {task.variant} · s{task.seed}",
-                                     unit="step", position=slot + 1, leave=False, dynamic_ncols=True)
-
-    def step(self, slot: int, step: int, small: dict[str, float]) -> None:
-        bar = self.slots.get(slot)
-        if bar is None:
-            return
-        if step > bar.n:
-            bar.update(step - bar.n)
-        post = {"rm": f"{small[K.RM_SCORE]:.2f}"} if K.RM_SCORE in small else {}
-        if K.KL in small:
-            post["kl"] = f"{small[K.KL]:.3f}"
-        if K.LENGTH in small:
-            post["len"] = f"{small[K.LENGTH]:.1f}"
-        bar.set_postfix(post, refresh=False)
-
-    def finish(self, slot: int | None, out: Outcome) -> None:
-        bar = self.slots.pop(slot, None) if slot is not None else None
-        if bar is not None:
-            bar.close()
-        self.done += 1
-        self.overall.update(1)
-        self.write(f"[{self.done:>{len(str(self.total))}}/{self.total}] {describe_outcome(out)}")
-
-    def write(self, line: str) -> None:
-        self.tqdm.write(line, file=sys.stdout)
-        sys.stdout.flush()
-
-    def close(self) -> None:
-        for b in self.slots.values():
-            b.close()
-        self.overall.close()
 
 
 def describe_outcome(o: Outcome) -> str:
@@ -481,26 +385,76 @@ def describe_outcome(o: Outcome) -> str:
     return f"{o.status:<6} {who}: {why}"
 
 
-def _mark_dead_parents(tracking_uri: str, experiment_id: str, ablation: str) -> None:
-    """A runner killed outright leaves its parent run RUNNING; mark those KILLED (same host, pid gone)."""
-    host = socket.gethostname()
-    try:
-        runs = tracking.client(tracking_uri).search_runs(
-            [experiment_id], filter_string=f"tags.`{K.TAG_ROLE}` = 'parent' and attributes.status = 'RUNNING'", max_results=200)
-    except Exception:  # noqa: BLE001
-        return
-    for r in runs:
-        t = r.data.tags
-        if t.get(K.TAG_ABLATION) != ablation or t.get("harness.runner_host") != host:
-            continue
-        try:
-            os.kill(int(t.get("harness.runner_pid", "0")), 0)
-            continue  # still alive: another runner is working on this grid
-        except (ProcessLookupError, ValueError):
-            pass
-        except PermissionError:
-            continue
-        tracking.end_run(tracking_uri, r.info.run_id, "KILLED")
+class Progress:
+    """One line per finished run. On a terminal also tqdm bars: the grid, and each run in flight
+    (read from the store every POLL_S, whichever executor runs it); elsewhere each line ends with
+    the elapsed time and an ETA: elapsed / runs finished here x runs left."""
+
+    def __init__(self, reg: Registry, total: int, done: int, bars: bool):
+        from tqdm.auto import tqdm
+
+        self.tqdm, self.reg, self.total, self.done, self.t0, self.finished_here = tqdm, reg, total, done, time.time(), 0
+        self.grid = tqdm(total=total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True, disable=not bars)
+        self.bars: dict[str, Any] = {}  # run id -> bar
+
+    @property
+    def bars_on(self) -> bool:
+        return not self.grid.disable
+
+    def write(self, line: str) -> None:
+        self.tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
+
+    def finish(self, out: Outcome) -> None:
+        self.done += 1
+        self.finished_here += 1
+        self.grid.update(1)
+        line = f"[{self.done:>{len(str(self.total))}}/{self.total}] {describe_outcome(out)}"
+        if not self.bars_on:
+            el = time.time() - self.t0
+            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(el / self.finished_here * (self.total - self.done))}"
+        self.write(line)
+
+    def poll(self, uri: str, experiment_id: str, steps: dict[tuple[str, str], int]) -> None:
+        """Step bars for the train runs in flight: latest step and score from the store."""
+        live = grid_runs(uri, experiment_id, self.reg.name, f"attributes.status = 'RUNNING' and tags.`{K.TAG_ROLE}` = 'train'")
+        for r in live:
+            t, m = r.data.tags, r.data.metrics
+            bar = self.bars.get(r.info.run_id)
+            if bar is None:
+                v, seed = t.get(K.TAG_VARIANT), t.get(K.TAG_SEED)
+                bar = self.bars[r.info.run_id] = self.tqdm(total=steps.get((v, seed)), desc=f"  {v} · s{seed}", unit="step",
+                                                           leave=False, dynamic_ncols=True)
+            step = max((p.step for p in tracking.client(uri).get_metric_history(r.info.run_id, K.RM_SCORE)), default=0)
+            bar.set_postfix({short: f"{m[key]:.3g}" for key, short in ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len")) if key in m}, refresh=False)
+            bar.update(step - bar.n)
+        for rid in set(self.bars) - {r.info.run_id for r in live}:
+            self.bars.pop(rid).close()
+
+    def close(self) -> None:
+        for b in self.bars.values():
+            b.close()
+        self.grid.close()
+
+
+def open_parent(reg: Registry, uri: str, existing: list[Any], ghash: str, runs: int, create: bool) -> str | None:
+    """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else a
+    new one if `create`."""
+    same = [r for r in existing if r.data.tags.get(K.TAG_ROLE) == "parent" and r.data.tags.get(TAG_GRID) == ghash]
+    if same:
+        tracking.reopen_run(uri, same[-1].info.run_id)
+        return same[-1].info.run_id
+    if not create:
+        return None
+    pid = tracking.start_run(uri, reg.name, f"{reg.name} {time.strftime('%Y-%m-%d %H:%M:%S')}", tags={
+        K.TAG_ROLE: "parent", K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_COMMIT: tracking.git_commit(),
+        TAG_GRID: ghash, "harness.registry_file": str(reg.path), "harness.scale": reg.scale,
+    })
+    tracking.log_params(uri, pid, {
+        "registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds, "variants": [v.name for v in reg.variants],
+        "runs": runs, **{f"common.{k}": v for k, v in reg.common_changes.items()},
+    })
+    return pid
 
 
 def run_ablation(
@@ -511,227 +465,146 @@ def run_ablation(
     runs_dir: str | Path = "runs",
     threads: int | None = None,
     progress: bool | None = None,
+    executor_kind: str = "local",
+    nproc: int | None = None,
+    launcher: str = "torchrun",
+    cluster: dict[str, Any] | None = None,
 ) -> AblationResult:
-    """Run (or resume) the grid of `reg`; returns outcomes, the parent run id and summary tables."""
+    """Run (or resume) the grid of `reg`; returns outcomes, the parent run id and summary tables.
+    Raises GridBusy when another runner holds the grid. cluster: submitit parameters (--executor slurm)."""
     t0 = time.time()
     uri = tracking_uri or _default_tracking_uri(reg)
     runs_dir = Path(runs_dir)
-    exp_id = tracking.ensure_experiment(uri, reg.name)
-    _mark_dead_parents(uri, exp_id, reg.name)
-    existing = existing_child_runs(uri, exp_id, reg.name)
-    tasks, done = plan_tasks(reg, tracking_uri=uri, runs_dir=runs_dir, existing=existing)
-    # CPU threads per run: the cores split among the runs in flight, at most DEFAULT_MAX_THREADS
-    # (a config's own nonzero `threads` and --threads win).
-    slots = max(1, min(max(workers, 1), len(tasks)))
-    threads = threads or max(1, min(DEFAULT_MAX_THREADS, cpu_count() // slots))
-    for t in tasks:
-        if t.cfg.get("threads") == 0:
-            t.cfg["threads"] = threads
-
-    bars = _Bars(reg, total=len(reg.runs), initial=len(done), slots=slots, enabled=progress)
-    n_resume = sum(t.resume for t in tasks)
-    how = ("in this process" if workers == 0 else f"{slots} worker(s)") + f" x {threads} thread(s)"
-    bars.write(f"{reg.name} (Fig. {reg.figure}): {len(reg.runs)} runs = {len(reg.variants)} variants x {len(reg.seeds)} seeds; "
-               f"{len(done)} finished earlier, {n_resume} to resume, {len(tasks) - n_resume} to start"
-               + (f"; {how}" if tasks else " (nothing to run)"))
-    for o in done:
-        bars.write(f"  skip   {o.variant} · seed {o.seed}: finished earlier (run {o.run_id})")
-
-    parent_id = None
-    outcomes: dict[int, Outcome] = {}
-    interrupted = False
-    if tasks:
-        parent_id = tracking.start_run(uri, reg.name, f"{reg.name} {time.strftime('%Y-%m-%d %H:%M:%S')}", tags={
-            K.TAG_ROLE: "parent", K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_COMMIT: tracking.git_commit(),
-            "harness.registry_file": str(reg.path), "harness.scale": reg.scale,
-            "harness.runner_pid": str(os.getpid()), "harness.runner_host": socket.gethostname(),
-        })
-        tracking.log_params(uri, parent_id, {
-            "registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds, "variants": [v.name for v in reg.variants],
-            "runs": len(reg.runs), "skipped_finished": len(done), "workers": workers, "threads_per_run": threads,
-            **{f"common.{k}": v for k, v in reg.common_changes.items()},
-        })
-        for t in tasks:
-            t.parent_run_id = parent_id
-            if t.kind == "train":
-                # keep the parent link for new runs; resumed runs keep the parent they were born under
-                t.cfg["logging"]["parent_run_id"] = parent_id
-        try:
-            if workers == 0:
-                _run_inline(tasks, outcomes, bars)
-            else:
-                _run_pool(tasks, outcomes, bars, slots)
-        except KeyboardInterrupt:
-            interrupted = True
-            bars.write("\ninterrupted: runs in flight were marked KILLED; rerun the same command to resume them")
-    bars.close()
-
-    all_out = done + [outcomes[t.index] for t in tasks if t.index in outcomes]
-    if interrupted:
-        all_out += [Outcome(t.variant, t.seed, "KILLED", note="interrupted") for t in tasks if t.index not in outcomes]
-    order = {(s.variant, s.seed): i for i, s in enumerate(reg.runs)}
-    all_out.sort(key=lambda o: order.get((o.variant, o.seed), 0))
-    result = AblationResult(reg, all_out, parent_id, uri, time.time() - t0, interrupted=interrupted)
+    runs, note = unique_runs(reg)
+    lock = lock_path(reg, uri, runs_dir)
+    lock.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result.per_run, result.summary = summarize(result)
-    except Exception as e:  # noqa: BLE001 - a summary problem must not hide the runs' outcome
-        print(f"(could not build the summary table: {type(e).__name__}: {e})", file=sys.stderr)
-    _write_summary_files(result, runs_dir)
-    if parent_id:
-        failed = result.failed
-        tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(all_out))}
-        if failed:
-            tags["harness.failed"] = "; ".join(f"{o.variant} s{o.seed}: {(o.error or o.status)[:200]}" for o in failed)[:4900]
-        tracking.set_tags(uri, parent_id, tags)
-        tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
+        held = FileLock(lock).acquire(timeout=0)
+    except Timeout:
+        raise GridBusy(f"another `python -m harness.ablate` is running grid {reg.name!r} on store {uri} "
+                       f"(lock {lock}); wait for it to finish, or stop it, then rerun") from None
+    with held:
+        exp_id = tracking.ensure_experiment(uri, reg.name)
+        mark_dead(uri, exp_id, reg.name)
+        existing = grid_runs(uri, exp_id, reg.name)
+        slots = max(1, min(max(workers, 1), len(runs)))
+        threads = threads or max(1, min(DEFAULT_MAX_THREADS, cpu_count() // slots))
+        bars = sys.stderr.isatty() if progress is None else progress
+        tasks, done = plan_tasks(reg, runs, existing, tracking_uri=uri, runs_dir=runs_dir, threads=threads,
+                                 progress=bars and workers == 0, nproc=nproc, launcher=launcher)
+        prog = Progress(reg, total=len(runs), done=len(done), bars=bars)
+        n_resume = sum(t.resume for t in tasks)
+        how = "in this process" if workers == 0 else f"{executor_kind} executor, {slots} at a time"
+        prog.write(f"{reg.name} (Fig. {reg.figure}): {len(runs)} runs = {len(reg.variants)} variants x {len(set(reg.seeds))} seeds; "
+                   f"{len(done)} finished earlier, {n_resume} to resume, {len(tasks) - n_resume} to start"
+                   + (f"; {how} x {threads} thread(s)" if tasks else " (nothing to run)"))
+        if note:
+            prog.write(f"note: {note}")
+        for o in done:
+            prog.write(f"  skip   {o.variant} · seed {o.seed}: finished earlier (run {o.run_id})")
+
+        parent_id = open_parent(reg, uri, existing, grid_hash(runs), len(runs), create=bool(tasks))
+        outcomes: dict[int, Outcome] = {}
+        interrupted = False
+        if tasks:
+            tracking.set_tags(uri, parent_id, {"harness.workers": str(workers), "harness.executor": executor_kind,
+                                               "harness.threads_per_run": str(threads)})
+            for t in tasks:
+                t.parent_run_id = parent_id
+            ex = executor(executor_kind, workers, runs_dir / reg.name / "submitit", **(cluster or {}))
+            try:
+                steps = {(s.variant, str(s.seed)): s.cfg.ppo.steps for s in runs} if reg.kind == "train" else {}
+                drive(ex, tasks, outcomes, prog, lambda: prog.poll(uri, exp_id, steps))
+                ex.shutdown()
+            except KeyboardInterrupt:
+                interrupted = True
+                prog.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
+                ex.shutdown(cancel=True)
+            mark_dead(uri, exp_id, reg.name)  # runs whose worker died under them: KILLED, so a rerun resumes them
+        prog.close()
+
+        order = {(s.variant, s.seed): i for i, s in enumerate(runs)}
+        all_out = done + list(outcomes.values())
+        all_out += [Outcome(t.variant, t.seed, "KILLED", note="interrupted") for t in tasks if t.index not in outcomes]
+        all_out.sort(key=lambda o: order.get((o.variant, o.seed), 0))
+        result = AblationResult(reg, all_out, parent_id, uri, time.time() - t0, interrupted=interrupted)
+        try:
+            result.per_run, result.summary = summarize(result)
+        except Exception as e:  # noqa: BLE001 - a summary problem must not hide the runs' outcome
+            print(f"(could not build the summary table: {type(e).__name__}: {e})", file=sys.stderr)
+        _write_summary_files(result, runs_dir)
+        if parent_id:
+            failed = result.failed
+            tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(all_out))}
+            if failed:
+                tags["harness.failed"] = "; ".join(f"{o.variant} s{o.seed}: {(o.error or o.status)[:200]}" for o in failed)[:4900]
+            tracking.set_tags(uri, parent_id, tags)
+            tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
     return result
+
+
+def drive(ex: Any, tasks: list[Task], outcomes: dict[int, Outcome], prog: Progress, poll: Any) -> None:
+    """Submit every task; collect each outcome as it finishes (and poll the bars meanwhile)."""
+    futures: dict[Future, Task] = {}
+
+    def collect(f: Future) -> None:
+        t = futures.pop(f)
+        outcomes[t.index] = outcome_of(f, t)
+        prog.finish(outcomes[t.index])
+
+    for t in tasks:
+        f = ex.submit(execute, t)
+        futures[f] = t
+        if f.done():  # --workers 0 ran it already
+            collect(f)
+    while futures:
+        for f in wait(futures, timeout=POLL_S if prog.bars_on else None, return_when=FIRST_COMPLETED).done:
+            collect(f)
+        if prog.bars_on and futures:
+            poll()
 
 
 def _default_tracking_uri(reg: Registry) -> str:
     return getattr(getattr(reg.common, "logging", None), "tracking_uri", None) or "sqlite:///mlflow.db"
 
 
-def _run_inline(tasks: list[Task], outcomes: dict[int, Outcome], bars: _Bars) -> None:
-    for t in tasks:
-        bars.start(0, t)
-        out = execute(t, lambda step, m, t=t: bars.step(0, step, m))
-        outcomes[t.index] = out
-        bars.finish(0, out)
-
-
-@dataclass
-class _Slot:
-    proc: Any
-    task_q: Any
-    task: Task | None = None
-
-
-def _run_pool(tasks: list[Task], outcomes: dict[int, Outcome], bars: _Bars, nslots: int) -> None:
-    """Long-lived spawn workers (one torch import each), one task at a time per worker. A worker
-    that dies (OOM kill, segfault) fails only its current run and is replaced."""
-    ctx = mp.get_context("spawn")
-    event_q = ctx.Queue()
-    pending = list(tasks)
-    slots: list[_Slot | None] = [None] * min(nslots, len(tasks))
-
-    def spawn(i: int) -> _Slot:
-        tq = ctx.Queue()
-        p = ctx.Process(target=_worker_main, args=(i, tq, event_q, os.getpid()), daemon=True, name=f"ablate-worker-{i}")
-        p.start()
-        return _Slot(p, tq)
-
-    def handle(ev: tuple) -> None:
-        kind, wid, index = ev[0], ev[1], ev[2]
-        if kind == "step":
-            bars.step(wid, ev[3], ev[4])
-        elif kind == "done":
-            out = Outcome(**ev[3])
-            outcomes[index] = out
-            s = slots[wid]
-            if s is not None and s.task is not None and s.task.index == index:
-                s.task = None
-            bars.finish(wid, out)
-
-    try:
-        for i in range(len(slots)):
-            slots[i] = spawn(i)
-        while pending or any(s is not None and s.task is not None for s in slots):
-            for i, s in enumerate(slots):
-                if s is not None and s.task is None and pending:
-                    s.task = pending.pop(0)
-                    bars.start(i, s.task)
-                    s.task_q.put(s.task)
-            try:
-                handle(event_q.get(timeout=0.5))
-                continue
-            except queue.Empty:
-                pass
-            for i, s in enumerate(slots):
-                if s is None or s.proc.is_alive():
-                    continue
-                # Drain first: the worker may have reported before dying.
-                while True:
-                    try:
-                        handle(event_q.get_nowait())
-                    except queue.Empty:
-                        break
-                if s.task is not None:
-                    code = s.proc.exitcode
-                    why = f"worker process died (exit code {code}{'; -9 = killed, often out of memory' if code == -9 else ''})"
-                    out = Outcome(s.task.variant, s.task.seed, "FAILED", error=why, note=s.task.note)
-                    outcomes[s.task.index] = out
-                    bars.finish(i, out)
-                    s.task = None
-                slots[i] = spawn(i) if pending else None
-    finally:
-        for s in slots:
-            if s is not None and s.proc.is_alive():
-                try:
-                    s.task_q.put(None)
-                except Exception:  # noqa: BLE001
-                    pass
-        deadline = time.time() + 30
-        for s in slots:
-            if s is not None:
-                s.proc.join(timeout=max(0.1, deadline - time.time()))
-                if s.proc.is_alive():
-                    s.proc.terminate()
-
-
 # --------------------------------------------------------------------------------------------
-# Summary
+# Summary: the report's final/peak table (harness.summary), from the store
 # --------------------------------------------------------------------------------------------
 def summarize(result: AblationResult) -> tuple[Any, Any]:
-    """Per-run final/peak metrics (from the store) and a per-variant table of mean ± std over seeds."""
+    """Per run, each column of S.TRAIN_TABLE / S.WORLD_TABLE (one value per logged step, the last
+    if a step was logged twice); per variant, mean ± sd over seeds, as the report's table."""
     import pandas as pd
 
     reg, uri = result.registry, result.tracking_uri
-    metrics = SUMMARY_METRICS[reg.kind]
+    columns = S.WORLD_TABLE if reg.kind == "world" else S.TRAIN_TABLE
     c = tracking.client(uri)
     rows = []
     for o in result.outcomes:
         row: dict[str, Any] = {"variant": o.variant, "seed": o.seed, "status": o.status, "run_id": o.run_id,
                                "collapsed": bool(o.collapsed), "error": o.error or ""}
         if o.run_id:
-            try:
-                run = c.get_run(o.run_id)
-                row["status"] = run.info.status if o.status != "KILLED" else o.status
-                row["collapsed"] = run.data.tags.get(K.TAG_COLLAPSED) == "true"
-                row["error"] = row["error"] or run.data.tags.get(K.TAG_FAILURE, "")
-                for key, short in metrics:
-                    hist = sorted((m.step, m.timestamp, m.value) for m in c.get_metric_history(o.run_id, key))
-                    vals = [v for *_, v in hist if math.isfinite(v)]
-                    if vals:
-                        row[f"{short} final"] = vals[-1]
-                        row[f"{short} peak"] = min(vals) if key in PEAK_IS_MIN else max(vals)
-            except Exception as e:  # noqa: BLE001
-                row["error"] = row["error"] or f"(could not read run: {e})"
+            run = c.get_run(o.run_id)
+            row["status"] = run.info.status if o.status != "KILLED" else o.status
+            row["collapsed"] = run.data.tags.get(K.TAG_COLLAPSED) == "true"
+            row["error"] = row["error"] or run.data.tags.get(K.TAG_FAILURE, "")
+            for header, key, stat in columns:
+                by_step = {m.step: m.value for m in sorted(c.get_metric_history(o.run_id, key), key=lambda m: (m.step, m.timestamp))}
+                if by_step:
+                    row[header] = S.reduce_run([by_step[s] for s in sorted(by_step)], stat)
         rows.append(row)
     per_run = pd.DataFrame(rows)
-
-    order = [v.name for v in reg.variants]
     table = []
-    for name in order:
+    for name in [v.name for v in reg.variants]:
         g = per_run[per_run["variant"] == name] if len(per_run) else per_run
         if not len(g):
             continue
         r: dict[str, Any] = {"variant": name, "runs": len(g), "finished": int((g["status"] == "FINISHED").sum()),
                              "failed": int((g["status"] != "FINISHED").sum()), "collapsed": int(g["collapsed"].sum())}
-        for _, short in metrics:
-            for which in ("final", "peak"):
-                col = f"{short} {which}"
-                r[col] = _mean_pm(g[col]) if col in g else "-"
+        for header in (h for h, _, _ in columns if h in per_run):  # no data anywhere (gold on HH-RLHF): no column
+            r[header] = S.fmt_mean_sd(S.describe(g[header]))
         table.append(r)
     return per_run, pd.DataFrame(table).set_index("variant") if table else pd.DataFrame()
-
-
-def _mean_pm(s: Any) -> str:
-    v = s.dropna()
-    if not len(v):
-        return "-"
-    if len(v) == 1:
-        return f"{v.iloc[0]:.3g}"
-    return f"{v.mean():.3g} ± {v.std(ddof=1):.2g}"
 
 
 def _write_summary_files(result: AblationResult, runs_dir: Path) -> None:
@@ -740,11 +613,12 @@ def _write_summary_files(result: AblationResult, runs_dir: Path) -> None:
     out = Path(runs_dir) / result.registry.name
     try:
         out.mkdir(parents=True, exist_ok=True)
-        result.per_run.to_csv(out / "summary_runs.csv", index=False)
+        files = [out / "summary_runs.csv"]
+        result.per_run.to_csv(files[0], index=False)
         if result.summary is not None and len(result.summary):
             result.summary.to_csv(out / "summary.csv")
+            files.append(out / "summary.csv")
         if result.parent_run_id:
-            files = [out / "summary_runs.csv"] + ([out / "summary.csv"] if (out / "summary.csv").exists() else [])
             tracking.log_file_artifacts(result.tracking_uri, result.parent_run_id, files)
     except Exception as e:  # noqa: BLE001
         print(f"(could not write the summary files under {out}: {e})", file=sys.stderr)
@@ -758,14 +632,9 @@ def print_summary(result: AblationResult) -> None:
           f"store {result.tracking_uri}, experiment {reg.name!r}" + (f", parent run {result.parent_run_id}" if result.parent_run_id else ""))
     if result.summary is not None and len(result.summary):
         with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 40):
-            cols = list(result.summary.columns)
-            counts = [c for c in cols if c in ("runs", "finished", "failed", "collapsed")]
-            finals = [c for c in cols if c.endswith(" final")]
-            peaks = [c for c in cols if c.endswith(" peak")]
-            print("\nfinal value at the last step (mean ± std over seeds):")
-            print(result.summary[counts + finals].to_string())
-            print("\npeak over training (max; for ppl / loss: min), mean ± std over seeds:")
-            print(result.summary[peaks].to_string())
+            print(f"\nmean ± sd over seeds of: final = mean of the last {S.FINAL_TAIL:.0%} of logged steps, "
+                  f"peak = largest value (as in the report's table):")
+            print(result.summary.to_string())
     failed = result.failed
     if failed:
         print(f"\n{len(failed)} run(s) did not finish:")
@@ -794,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m harness.ablate ablations/score_reparam.yaml --dry-run\n"
             "  python -m harness.ablate ablations/score_reparam.yaml --workers 2\n"
             "  python -m harness.ablate kl_eta --seeds 0 --set ppo.steps=20   # quick smoke run\n"
+            "  python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8\n"
             "  mlflow ui --backend-store-uri sqlite:///mlflow.db                # browse the runs\n"
             "\nRegistry format: docs/CONTRACTS.md. Config keys for --set: harness/config.py "
             "(or `python -m harness.train --help`)."
@@ -803,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--list", action="store_true", help="list every registry file with its figure, variants and estimated CPU minutes")
     ap.add_argument("--dry-run", action="store_true", help="print the expanded runs and validate every config; train nothing")
     ap.add_argument("--workers", type=int, default=1, metavar="N",
-                    help="runs at a time, each in its own process, CPU threads split among them (0 = in this process, for pdb)")
+                    help="runs at a time, each in its own process (or Slurm job), CPU threads split among them (0 = in this process, for pdb)")
     ap.add_argument("--seeds", metavar="LIST", help="seeds to run instead of the file's, e.g. 0,1 or 0-4")
     ap.add_argument("--set", dest="overrides", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override a config key in every run, e.g. --set ppo.steps=20 (repeatable)")
@@ -816,7 +686,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs-dir", default="runs", metavar="DIR", help="checkpoints and run files go under DIR/NAME/ (default: runs)")
     ap.add_argument("--threads", type=int, default=None, metavar="N", help=f"torch threads per run (default: CPU cores / workers, at most {DEFAULT_MAX_THREADS}: "
                          "small models gain little from threads, use --workers for more cores)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bars (one line per finished run is still printed)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars (one line per finished run, with elapsed time and ETA, is still printed)")
+    ex = ap.add_argument_group("where runs execute")
+    ex.add_argument("--executor", choices=EXECUTORS, default="local",
+                    help="local: each run in its own process on this machine; slurm: each run a Slurm job (submitit); "
+                         "submitit-local: the slurm path on this machine without Slurm (default: local)")
+    ex.add_argument("--nproc", type=int, default=None, metavar="N",
+                    help="ranks per run, started with torchrun/deepspeed (default: every visible GPU for a CUDA config in "
+                         "distributed mode, e.g. --scale paper; else 1 = in the worker's own process)")
+    ex.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun", help="multi-rank launcher (default: torchrun)")
+    ex.add_argument("--slurm-partition", default=None, metavar="NAME", help="Slurm partition (--executor slurm)")
+    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per run job (default: 1440)")
+    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per run job (default: 0)")
+    ex.add_argument("--slurm-cpus", type=int, default=None, metavar="N", help="CPUs per run job (default: --threads)")
     return ap
 
 
@@ -826,7 +708,7 @@ def list_registry(ablations_dir: Path | None = None) -> int:
     for p in registry_files(ablations_dir):
         try:
             reg = load_registry(p)
-        except RegistryError as e:
+        except ConfigError as e:
             rows.append((p.name, "?", "?", "?", "?", "?", "?", f"INVALID: {e.problems[0]} (run --dry-run on it for all problems)"))
             bad += 1
             continue
@@ -844,18 +726,19 @@ def list_registry(ablations_dir: Path | None = None) -> int:
     return 1 if bad else 0
 
 
-def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path, workers: int) -> None:
+def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
+    runs, note = unique_runs(reg)
     print(f"{reg.path}: {reg.name!r} (Fig. {reg.figure}, kind {reg.kind}, scale {reg.scale}) — {reg.title}")
     print(f"base: {reg.base}")
     print(f"every run: {fmt_changes(reg.common_changes)}")
     print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels) or '(analysis defaults)'}")
     print(f"MLflow: experiment {reg.name!r} at {tracking_uri}; run folders under {Path(runs_dir) / reg.name}/")
-    print(f"{len(reg.runs)} runs ({len(reg.variants)} variants x {len(reg.seeds)} seeds), "
+    print(f"{len(runs)} runs ({len(reg.variants)} variants x {len(set(reg.seeds))} seeds), "
           f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes:")
-    w = max(len(r.variant) for r in reg.runs)
-    for r in reg.runs:
+    w = max(len(r.variant) for r in runs)
+    for r in runs:
         print(f"  {r.variant:<{w}}  seed {r.seed}  {r.run_name:<32} hash {r.config_hash}  {fmt_changes(r.changed)}")
-    for line in reg.warnings:
+    for line in reg.warnings + ([note] if note else []):
         print(f"warning: {line}")
     print("all configs valid (dry run: nothing trained)")
 
@@ -901,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     uri = args.tracking_uri or _default_tracking_uri(reg)
     if args.dry_run:
-        print_dry_run(reg, uri, Path(args.runs_dir), args.workers)
+        print_dry_run(reg, uri, Path(args.runs_dir))
         return 0
     for line in reg.warnings:
         print(f"warning: {line}", file=sys.stderr)
@@ -909,8 +792,16 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2
-    result = run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=args.runs_dir,
-                          threads=args.threads, progress=False if args.no_progress else None)
+    cluster = {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
+               "cpus_per_task": args.slurm_cpus or args.threads or 1, "name": f"ablate-{reg.name}",
+               **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
+    try:
+        result = run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=args.runs_dir, threads=args.threads,
+                              progress=False if args.no_progress else None, executor_kind=args.executor, nproc=args.nproc,
+                              launcher=args.launcher, cluster=cluster)
+    except GridBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     print_summary(result)
     return result.exit_code
 

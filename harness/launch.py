@@ -1,26 +1,26 @@
-"""Run one training as a multi-rank job and wait for it: the hook the ablation runner and sweeps use.
+"""Where runs execute: one executor interface (`submit(fn, *args) -> Future`) over three engines,
+and `launch_train`, the multi-rank engine for one training.
 
-    from harness.launch import launch_train
-    result = launch_train(cfg, nproc=2)                     # a TrainConfig
-    result = launch_train("ablations/bases/paper_7b_deepspeed.yaml", ["ppo.steps=10"], nproc=8)
+    ex = executor("local", workers=2)            # each call in its own spawned process, 2 at a time
+    ex = executor("slurm", workers=8, folder="runs/x/slurm", slurm_partition="gpu", gpus_per_node=8)
+    ex = executor("submitit-local", workers=2, folder=...)   # the slurm code path, without Slurm
+    fut = ex.submit(fn, task); fut.result(); ex.shutdown()
 
-It writes the resolved config next to the run (`{output_dir}/{run_name}/launch_config.yaml`),
-starts `torchrun --standalone --nproc_per_node N -m harness.train that.yaml` (or the `deepspeed`
-launcher), and returns the same `RunResult` that `harness.train.train` returns, read back from the
-run's `run.json` and its MLflow run (rank 0 logs one run; other ranks log nothing).
+    res = launch_train(cfg, nproc=2)             # a TrainConfig on 2 local ranks (torchrun)
+    res = launch_train("ablations/bases/paper_7b_deepspeed.yaml", ["ppo.steps=10"], nproc=8)
+
+The harness.ablate runner sends every run through an executor; a run whose config needs several
+ranks calls `launch_train` inside its worker. `launch_train` writes the resolved config next to the
+run (`{output_dir}/{run_name}/launch_config.yaml`), starts `torchrun --standalone --nproc_per_node N
+-m harness.train that.yaml` (or the `deepspeed` launcher), and returns the `RunResult` that
+`harness.train.train` returns, read back from the trainer's `run.json` and its MLflow run (rank 0
+logs one run; other ranks log nothing). Each job picks its own free port, so several share a machine.
 
 `on_step(step, metrics)` works across the process boundary: while the job runs, the metrics named
 in `watch` are polled from MLflow and passed to it step by step; when it returns True a STOP file
 in the run folder asks the job to stop after its current step (status FINISHED, tag
 `harness.stopped_by=callback`, exactly like an in-process callback). Steps may reach the callback
 a few seconds late, so the job can run on a step or two past the one the callback stopped.
-
-Hook for the ablation runner and sweeps (one line where a run is trained):
-
-    res = launch_train(cfg, nproc=n, resume=resume, on_step=on_step, watch=(metric,)) if n > 1 else train(cfg, resume=resume, on_step=on_step)
-
-`watch` names the metrics on_step needs (a sweep's objective metric; default objective/rm_score).
-Each job picks its own free port (torchrun --standalone), so several can share a machine.
 
 CLI (prints the RunResult as JSON):
     python -m harness.launch --nproc 2 CONFIG.yaml [--set k=v ...] [--resume] [--launcher deepspeed]
@@ -30,19 +30,95 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing as mp
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from . import keys
-from .config import ConfigError, TrainConfig, load_config, parse_overrides, to_yaml
+from . import keys, tracking
+from .config import ConfigError, TrainConfig, from_dict, load_config, merge, parse_overrides, to_dict, to_yaml
 
 STOP_FILE = "STOP"  # = harness.distributed.STOP_FILE (not imported: this module must stay light)
+EXECUTORS = ("local", "slurm", "submitit-local")
+
+
+class Executor:
+    """`submit(fn, *args) -> Future`: at most `workers` calls at a time, each made by
+    `engine(fn, *args)` (which blocks until the result) on a thread of this process; workers=0
+    calls fn at once in the caller's thread (for pdb). `cancel()` stops the engine's calls in flight
+    (cluster jobs, which a Ctrl-C here does not reach)."""
+
+    def __init__(self, workers: int, engine: Callable[..., Any], cancel: Callable[[], None] | None = None):
+        self.pool = ThreadPoolExecutor(workers) if workers > 0 else None
+        self.engine, self.cancel = engine, cancel
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self.pool is not None:
+            return self.pool.submit(self.engine, fn, *args)
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args))
+        except Exception as e:  # noqa: BLE001 - delivered through the future, as from a pool
+            fut.set_exception(e)
+        return fut
+
+    def shutdown(self, cancel: bool = False) -> None:
+        """Wait for the calls in flight; cancel=True first drops those not started and cancels the others."""
+        if cancel and self.cancel is not None:
+            self.cancel()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=cancel)
+
+
+def in_own_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call fn in a fresh spawned process. A pool of one per call: a process that dies (OOM kill,
+    segfault) raises BrokenProcessPool for this call only, where one shared pool would break and
+    stop every call in flight."""
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+class OnCluster:
+    """Engine: each call one submitit job (cluster `slurm`, or `local`: subprocesses on this
+    machine without Slurm). params: submitit's (timeout_min, gpus_per_node, cpus_per_task,
+    slurm_partition, ...). A job that dies raises submitit's FailedJobError / UncompletedJobError."""
+
+    def __init__(self, folder: str | Path, cluster: str, **params: Any):
+        import submitit
+
+        self.ex = submitit.AutoExecutor(folder=folder, cluster=cluster)
+        self.ex.update_parameters(**params)
+        self.lock, self.jobs = threading.Lock(), set()  # submissions one at a time; the jobs in flight
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.lock:
+            job = self.ex.submit(fn, *args)
+            self.jobs.add(job)
+        try:
+            return job.result()
+        finally:
+            self.jobs.discard(job)
+
+    def cancel(self) -> None:
+        for job in list(self.jobs):
+            job.cancel(check=False)
+
+
+def executor(kind: str, workers: int, folder: str | Path | None = None, **cluster_params: Any) -> Executor:
+    """kind: `local` (each call in its own process), `slurm` or `submitit-local` (jobs; `folder`
+    holds submitit's files and logs)."""
+    if kind == "local":
+        return Executor(workers, in_own_process)
+    if kind not in EXECUTORS:
+        raise ValueError(f"executor: got {kind!r}; allowed: {', '.join(EXECUTORS)}")
+    engine = OnCluster(folder or "submitit", "slurm" if kind == "slurm" else "local", **cluster_params)
+    return Executor(workers, engine, engine.cancel)
 
 
 def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False, launcher: str = "torchrun",
@@ -73,8 +149,6 @@ def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False,
 def _resolve(cfg: TrainConfig | str | Path | None, overrides: list[str] | dict | None) -> TrainConfig:
     if isinstance(cfg, TrainConfig):
         if overrides:
-            from .config import from_dict, merge, to_dict
-
             over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
             return from_dict(merge(to_dict(cfg), over))
         return cfg
@@ -92,7 +166,6 @@ def launch_train(
     poll_s: float = 2.0,
     launcher: str = "torchrun",
     env: dict[str, str] | None = None,
-    timeout_s: float | None = None,
     program: Sequence[str] | None = None,
 ):
     """Train `cfg` (a TrainConfig, or a YAML path plus overrides) on `nproc` local ranks; returns a
@@ -116,12 +189,11 @@ def launch_train(
         child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     cmd = launch_command(cfg_file, nproc, resume=resume, launcher=launcher, program=program)
     log_path = run_dir / "launch.log"
-    t0 = time.time()
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
-        seen, stopped, killed = 0, False, False
+        seen, stopped = 0, False
         try:
             while True:
                 try:
@@ -129,11 +201,6 @@ def launch_train(
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if timeout_s is not None and time.time() - t0 > timeout_s:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    killed = True
-                    rc = proc.wait()
-                    break
                 if on_step is not None and not stopped:
                     seen, stopped = _feed(c, run_json, before, watch, seen, on_step, run_dir)
         except BaseException:
@@ -147,24 +214,20 @@ def launch_train(
         tail = log_path.read_text(errors="replace")[-3000:]
         if rc == 2 and "invalid config" in tail:
             raise ConfigError([tail[tail.index("invalid config"):].strip()])
-        return RunResult(run_id="", status="KILLED" if killed else "FAILED", steps_done=0,
+        return RunResult(run_id="", status="FAILED", steps_done=0,
                          error=f"job exited with code {rc} before starting a run; see {log_path}:\n{tail}", run_dir=str(run_dir))
     info = json.loads(run_json.read_text())
     res = RunResult(run_id=info["run_id"], status=info.get("status", "FAILED"), steps_done=int(info.get("step", 0)),
                     error=info.get("error"), run_dir=str(run_dir))
     if res.status == "RUNNING":  # the job died without rank 0 closing the run (killed, or another rank failed)
-        res.status = "KILLED" if killed else "FAILED"
+        res.status = "FAILED"
         res.error = res.error or f"job exited with code {rc}; see {log_path}"
         try:
-            from . import tracking
-
             tracking.set_tags(c.logging.tracking_uri, res.run_id, {keys.TAG_FAILURE: res.error[:4000]})
             tracking.end_run(c.logging.tracking_uri, res.run_id, res.status)
         except Exception:
             pass
     try:
-        from . import tracking
-
         run = tracking.client(c.logging.tracking_uri).get_run(res.run_id)
         res.final_metrics = dict(run.data.metrics)
         res.collapsed = run.data.tags.get(keys.TAG_COLLAPSED) == "true"
@@ -181,8 +244,6 @@ def _feed(c: TrainConfig, run_json: Path, before: int | None, watch: Sequence[st
     if not run_json.exists() or run_json.stat().st_mtime_ns == before:
         return seen, False
     try:
-        from . import tracking
-
         run_id = json.loads(run_json.read_text())["run_id"]
         hist: dict[int, dict[str, float]] = {}
         for k in watch:
