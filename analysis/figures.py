@@ -34,6 +34,7 @@ from matplotlib.ticker import LogFormatter, MaxNLocator
 from analysis.store import AblationData, default_tracking_uri, load_ablation
 from analysis.summary import seed_band
 from harness import keys as K
+from harness.tracking import redact
 from harness import tracking
 from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, RegistryError, UnknownAblation
 
@@ -381,7 +382,7 @@ def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, o
     runs is not drawn (LookupError): empty panels would read as a result."""
     data = data or load_ablation(ablation, tracking_uri, ablations_dir)
     if data.runs.empty:
-        raise LookupError(f"{data.name}: no runs in {data.tracking_uri}; nothing drawn "
+        raise LookupError(f"{data.name}: no runs in {redact(data.tracking_uri)}; nothing drawn "
                           f"(run `python -m harness.ablate {data.name}` first)")
     drawn = draw_ablation(data, smooth_k)
     paths = save_figure(drawn.fig, Path(out) / data.name)

@@ -19,7 +19,7 @@ Where runs execute (harness.launch): `--executor local` runs each in its own spa
 `--workers N` at a time, the CPU threads split among them (at most DEFAULT_MAX_THREADS each unless
 --threads says more); `--workers 0` runs everything in this process (for pdb); `--executor slurm`
 submits each run as a Slurm job (submitit; `submitit-local`: the same path on this machine). A run
-whose config needs several ranks (a CUDA config in distributed mode on a machine with several GPUs,
+whose config needs several ranks (a CUDA DeepSpeed config on a machine with several GPUs,
 e.g. `--scale paper`, or `--nproc N`) becomes a torchrun / deepspeed job inside its worker
 (harness.launch.launch_train). After a crash of the runner itself, cancel its Slurm jobs (and any
 torchrun ranks left behind) before rerunning: only the runner's own processes die with it.
@@ -48,6 +48,7 @@ from filelock import FileLock, Timeout
 from . import keys as K
 from . import summary as S
 from . import tracking
+from .tracking import redact
 from .config import ConfigError, merge, parse_overrides, to_dict
 from .launch import EXECUTORS, executor, launch_train
 from .registry import ABLATIONS_DIR, Registry, RunSpec, load_registry, parse_seeds, registry_files
@@ -178,7 +179,7 @@ class Task:
     world_out: str | None = None
     """kind world: the world's output folder."""
     nproc: int | None = None
-    """Ranks per run (None: every visible GPU for a CUDA config in distributed mode, else 1)."""
+    """Ranks per run (None: every visible GPU for a CUDA DeepSpeed config, else 1)."""
     launcher: str = "torchrun"
 
 
@@ -293,7 +294,6 @@ def _train(task: Task) -> Any:
     import torch
 
     from .config import from_dict
-    from .distributed import is_distributed
     from .train import train
 
     cfg = from_dict(merge(task.cfg, {"logging.parent_run_id": task.parent_run_id}))  # resumed runs keep theirs
@@ -304,7 +304,8 @@ def _train(task: Task) -> Any:
             raise KeyboardInterrupt("the ablation runner is gone")
         return False
 
-    gpus = torch.cuda.device_count() if cfg.device != "cpu" and is_distributed(cfg) else 1
+    # a DeepSpeed config on a GPU machine takes every visible GPU (the paper scale); else one process
+    gpus = torch.cuda.device_count() if cfg.device != "cpu" and cfg.distributed.deepspeed else 1
     nproc = task.nproc or gpus
     if nproc > 1:
         return launch_train(cfg, nproc=nproc, resume=task.resume, on_step=on_step, launcher=task.launcher)
@@ -629,7 +630,7 @@ def print_summary(result: AblationResult) -> None:
 
     reg = result.registry
     print(f"\n== {reg.name} (Fig. {reg.figure}) — {len(result.outcomes)} runs in {fmt_duration(result.wall_s)}; "
-          f"store {result.tracking_uri}, experiment {reg.name!r}" + (f", parent run {result.parent_run_id}" if result.parent_run_id else ""))
+          f"store {redact(result.tracking_uri)}, experiment {reg.name!r}" + (f", parent run {result.parent_run_id}" if result.parent_run_id else ""))
     if result.summary is not None and len(result.summary):
         with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 40):
             print(f"\nmean ± sd over seeds of: final = mean of the last {S.FINAL_TAIL:.0%} of logged steps, "
@@ -692,8 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local: each run in its own process on this machine; slurm: each run a Slurm job (submitit); "
                          "submitit-local: the slurm path on this machine without Slurm (default: local)")
     ex.add_argument("--nproc", type=int, default=None, metavar="N",
-                    help="ranks per run, started with torchrun/deepspeed (default: every visible GPU for a CUDA config in "
-                         "distributed mode, e.g. --scale paper; else 1 = in the worker's own process)")
+                    help="ranks per run, started with torchrun/deepspeed (default: every visible GPU for a CUDA "
+                         "DeepSpeed config, e.g. --scale paper; else 1 = in the worker's own process)")
     ex.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun", help="multi-rank launcher (default: torchrun)")
     ex.add_argument("--slurm-partition", default=None, metavar="NAME", help="Slurm partition (--executor slurm)")
     ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per run job (default: 1440)")
@@ -732,7 +733,7 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print(f"base: {reg.base}")
     print(f"every run: {fmt_changes(reg.common_changes)}")
     print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels) or '(analysis defaults)'}")
-    print(f"MLflow: experiment {reg.name!r} at {tracking_uri}; run folders under {Path(runs_dir) / reg.name}/")
+    print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {Path(runs_dir) / reg.name}/")
     print(f"{len(runs)} runs ({len(reg.variants)} variants x {len(set(reg.seeds))} seeds), "
           f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes:")
     w = max(len(r.variant) for r in runs)

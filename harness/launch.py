@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 from . import keys, tracking
 from .config import ConfigError, TrainConfig, from_dict, load_config, merge, parse_overrides, to_dict, to_yaml
 
-STOP_FILE = "STOP"  # = harness.distributed.STOP_FILE (not imported: this module must stay light)
+STOP_FILE = "STOP"  # = harness.parallel.STOP_FILE (not imported: this module must stay light, without torch)
 EXECUTORS = ("local", "slurm", "submitit-local")
 
 

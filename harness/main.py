@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, parse_overrides
+from .tracking import redact
 
 DEFAULT_ABLATION = "ablations/score_reparam.yaml"
 RESULTS = "results"  # figures and reports of this run (ignored by git)
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = 3
     print(f"main job: {reg.name} (Fig. {reg.figure}): {reg.title}")
     print(f"  {len(reg.runs)} runs, est. {ablate.estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes, "
-          f"{args.workers} worker(s); MLflow store {uri}")
+          f"{args.workers} worker(s); MLflow store {redact(uri)}")
 
     _banner(1, steps, "embedded world")
     build_world_if_missing(reg, uri)
@@ -123,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     _banner(2, steps, f"ablation {reg.name}: {len(reg.variants)} variants x {len(reg.seeds)} seeds")
-    result = ablate.run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=args.runs_dir,
-                                 progress=False if args.no_progress else None)
+    try:
+        result = ablate.run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=args.runs_dir,
+                                     progress=False if args.no_progress else None)
+    except ablate.GridBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     ablate.print_summary(result)
     if result.interrupted:
         return result.exit_code
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     fig_png = Path(RESULTS, reg.name, "figure.png")
     if fig_png.exists():
         print(f"figure: {fig_png.resolve()}")
-    print(f"runs:   mlflow ui --backend-store-uri {uri}   then http://127.0.0.1:5000 -> experiment {reg.name!r}")
+    print(f"runs:   mlflow ui --backend-store-uri {redact(uri)}   then http://127.0.0.1:5000 -> experiment {reg.name!r}")
     if result.failed:
         print(f"{len(result.failed)} run(s) failed (see the summary above); rerun the same command to retry them.")
     for p in problems_after:

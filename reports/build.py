@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib
-import importlib.metadata as _md
 import json
-import os
 import platform
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from html import escape
@@ -48,7 +45,8 @@ from analysis.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, check_clai
 from analysis.figures import make_figures
 from analysis.store import AblationData, ablations_in_store, default_tracking_uri, find_runs, load_ablation
 from analysis.summary import final_peak_table
-from harness import tracking
+from harness import provenance, tracking
+from harness.tracking import redact
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
@@ -182,54 +180,16 @@ def figure_block(heading: str, path: Path, st, max_h: float = FRAME_H * 0.85) ->
 # --------------------------------------------------------------------------------------------
 # Title page
 # --------------------------------------------------------------------------------------------
-def _dirty() -> bool:
-    """Whether the working tree has uncommitted changes."""
-    try:
-        return bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                                   cwd=REPO_ROOT).stdout.strip())
-    except Exception:
-        return False
-
-
-def _git_commit() -> str:
-    commit = tracking.git_commit()
-    return commit + (" (uncommitted changes)" if commit != "unknown" and _dirty() else "")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _version(pkg: str) -> str:
-    try:
-        return _md.version(pkg)
-    except _md.PackageNotFoundError:
-        return "not installed"
-
-
 def machine_info(tracking_uri: str) -> dict[str, str]:
-    """What the title page records: when, which code, which machine and libraries, which store."""
-    mem = ""
-    try:
-        import psutil
-
-        mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
-    except Exception:
-        pass
+    """What the title page records: when, which code, which machine and libraries, which store
+    (harness.provenance, the same record every run carries as tags)."""
+    cpu, v = provenance.cpu(), provenance.versions()
     return {
         "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "git commit": _git_commit(),
-        "machine": f"{platform.platform()}; {_cpu_name()}, {os.cpu_count()} logical CPUs{mem}",
-        "python": platform.python_version(),
-        "libraries": f"torch {_version('torch')}, mlflow {_version('mlflow')}, matplotlib {_version('matplotlib')}, "
-                     f"reportlab {_version('reportlab')}",
-        "MLflow store": tracking_uri,
+        "git commit": provenance.commit(),
+        "machine": f"{platform.platform()}; {cpu['model']}, {cpu['logical_cpus']} logical CPUs; flags {cpu['flags']}",
+        "libraries": ", ".join(f"{k} {x}" for k, x in v.items()),
+        "MLflow store": redact(tracking_uri),
     }
 
 
@@ -484,12 +444,11 @@ def _order(spec: Registry) -> tuple:
     return (spec.order is None, spec.order or 0, spec.name)
 
 
-def provenance(info: dict[str, str], sections: list[Section]) -> dict[str, Any]:
+def reference_provenance(info: dict[str, str], sections: list[Section]) -> dict[str, Any]:
     """What a reference build records beside the reports: code, libraries, world, runs' commits."""
     from harness.config import DataConfig
-    from harness.world import built_hash
 
-    return {**info, "dirty": _dirty(), "world hash": built_hash(DataConfig().world_dir),
+    return {**info, "world": provenance.world(DataConfig().world_dir),
             "ablations": {s.spec.name: {"runs": s.n_runs, "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
                           for s in sections}}
 
@@ -522,7 +481,7 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
             if not has_runs(data.spec, uri):
                 skipped.append(data.name)
                 how = f"harness.sweep {data.spec.path}" if data.spec.is_sweep else f"harness.ablate {data.name}"
-                print(f"skipped {data.name}: no runs in {uri} (run `python -m {how}` first)", file=sys.stderr)
+                print(f"skipped {data.name}: no runs in {redact(uri)} (run `python -m {how}` first)", file=sys.stderr)
                 continue
             sections.append(build_section(data, out, smooth_k, log_figures))
         except (UnknownAblation, RegistryError):
@@ -540,7 +499,7 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     if sections and not skipped and not errors and (not ablations or len(sections) > 1):
         combined = write_pdf(out / COMBINED, sections, info, st, "harness report")
     if reference:
-        (out / "provenance.json").write_text(json.dumps(provenance(info, sections), indent=1, ensure_ascii=False) + "\n")
+        (out / "provenance.json").write_text(json.dumps(reference_provenance(info, sections), indent=1, ensure_ascii=False) + "\n")
     return BuildResult(reports, combined, errors, skipped)
 
 

@@ -232,7 +232,7 @@ def test_typo_in_grid_axis_fails_before_any_run(tmp_path, capsys):
     p.write_text('name: typo_grid\nfigure: "15"\nbase: bases/vanilla.yaml\n'
                  'grid: {name: "η={ppo.kl_cof}", axes: {ppo.kl_cof: [0.05, 0.1]}}\n')
     assert ablate.main(args(tmp_path, p)) == 2
-    assert "did you mean 'ppo.kl_coef'" in capsys.readouterr().err
+    assert "did you mean ppo.kl_coef" in capsys.readouterr().err
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
 
 

@@ -176,5 +176,5 @@ def test_default_output_is_results_and_reference_records_provenance(built, tmp_p
     res = build(["vanilla", "kl_eta"], built["uri"], tmp_path / "ref", ablations_dir=built["registry"],
                 log_figures=False, reference=True)
     prov = json.loads((tmp_path / "ref" / "provenance.json").read_text())
-    assert res.combined is not None and {"git commit", "dirty", "libraries", "world hash"} <= set(prov)
+    assert res.combined is not None and {"git commit", "libraries", "machine", "world"} <= set(prov)
     assert prov["ablations"]["vanilla"] == {"runs": 2, "run commits": ["synthetic"]}
