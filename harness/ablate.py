@@ -734,8 +734,10 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print(f"every run: {fmt_changes(reg.common_changes)}")
     print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels) or '(analysis defaults)'}")
     print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {Path(runs_dir) / reg.name}/")
-    print(f"{len(runs)} runs ({len(reg.variants)} variants x {len(set(reg.seeds))} seeds), "
-          f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes:")
+    on_gpu = any(r.cfg.device != "cpu" for r in runs if hasattr(r.cfg, "device"))
+    cost = ("GPU runs (no CPU-minute estimate)" if on_gpu else
+            f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes")
+    print(f"{len(runs)} runs ({len(reg.variants)} variants x {len(set(reg.seeds))} seeds), {cost}:")
     w = max(len(r.variant) for r in runs)
     for r in runs:
         print(f"  {r.variant:<{w}}  seed {r.seed}  {r.run_name:<32} hash {r.config_hash}  {fmt_changes(r.changed)}")
@@ -745,23 +747,26 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
 
 
 def preflight(reg: Registry) -> list[str]:
-    """Problems that would fail every run at once, caught before any run starts."""
-    problems = []
+    """Problems that would fail runs after they start (world, data, model paths, vocabularies),
+    found before any run exists: harness.models.preflight on each distinct set of inputs."""
     if reg.kind != "train":
-        return problems
-    dirs = set()
+        return []
+    from .models import preflight as check_inputs
+    from .parallel import validate as check_hardware
+
+    problems: dict[str, None] = {}
+    seen = set()
     for r in reg.runs:
         c = r.cfg
-        uses_world = c.data.source == "world" or any(
-            str(p).startswith("world:") for p in (c.model.sft_path, c.model.reward_path, c.model.pretrained_path))
-        if uses_world:
-            dirs.add(c.data.world_dir)
-    for d in sorted(dirs):
-        if not Path(d).is_dir():
-            problems.append(f"the embedded world is not built at data.world_dir={d!r}. Build it first:\n"
-                            f"    python -m harness.world build --out {d}\n"
-                            f"or run the whole main job (world + ablation + figures + report): python -m harness.main")
-    return problems
+        key = (json.dumps(to_dict(c.model), sort_keys=True), json.dumps(to_dict(c.data), sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        for p in check_hardware(c) + check_inputs(c):
+            problems[f"{r.variant}: {p}" if len(reg.variants) > 1 else p] = None
+    if any("no built world" in p for p in problems):
+        problems["or run the whole main job (world + ablation + figures + report): python -m harness.main"] = None
+    return list(problems)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -784,12 +789,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     uri = args.tracking_uri or _default_tracking_uri(reg)
+    problems = preflight(reg)
     if args.dry_run:
         print_dry_run(reg, uri, Path(args.runs_dir))
+        if problems:
+            print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems))
         return 0
     for line in reg.warnings:
         print(f"warning: {line}", file=sys.stderr)
-    problems = preflight(reg)
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2

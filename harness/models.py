@@ -48,6 +48,65 @@ def resolve_path(path: str, cfg: TrainConfig, field: str) -> str:
     return path
 
 
+def _local_config(path: str, field: str) -> tuple[object | None, str | None]:
+    """(model config, None) when `path` is a local directory or already in the Hugging Face cache,
+    else (None, the problem). Never touches the network: runs do not download weights."""
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True), None
+    except (OSError, ValueError) as e:
+        where = "a directory without a readable config.json" if Path(path).is_dir() else (
+            "neither a local directory nor a model in the Hugging Face cache; download it first "
+            f"(`huggingface-cli download {path}`) or give a local directory")
+        return None, f"{field}: got {path!r}; it is {where} ({type(e).__name__})"
+
+
+def preflight(cfg: TrainConfig) -> list[str]:
+    """Every problem that would fail the run after it starts, found in seconds before it exists:
+    data files and world, each model path resolved (locally only), and the vocabularies of the
+    tokenizer, policy, reference, reward model and critic agreeing (the RM scores the policy's
+    token ids, so one tokenizer must serve all four)."""
+    problems: list[str] = []
+    d = cfg.data
+    if d.source == "world" and not (Path(d.world_dir) / "world.json").is_file():
+        problems.append(f"data.world_dir: got {d.world_dir!r}; it holds no built world. Build it with "
+                        f"`python -m harness.world build --out {d.world_dir}`")
+        return problems
+    if d.source == "hh_rlhf" and not Path(d.hh_path).is_file():
+        problems.append(f"data.hh_path: got {d.hh_path!r}; allowed: an existing HH-RLHF .jsonl or .jsonl.gz file")
+    m = cfg.model
+    fields = {"model.sft_path": m.sft_path, "model.reward_path": m.reward_path}
+    if m.policy_init == "pretrained":
+        fields["model.pretrained_path"] = m.pretrained_path
+    if m.critic_path:
+        fields["model.critic_path"] = m.critic_path
+    vocab: dict[str, int] = {}
+    for field, raw in fields.items():
+        try:
+            path = resolve_path(raw, cfg, field)
+        except ModelPathError as e:
+            problems.append(str(e))
+            continue
+        conf, problem = _local_config(path, field)
+        if problem:
+            problems.append(problem)
+        elif getattr(conf, "vocab_size", None):
+            vocab[field] = int(conf.vocab_size)
+    if len(set(vocab.values())) > 1:
+        problems.append("the models' vocabularies differ (" + ", ".join(f"{k}: {v}" for k, v in vocab.items())
+                        + "); the reward model and critic score the policy's token ids, so all must share one tokenizer")
+    if not problems:
+        try:
+            n_tok = len(load_tokenizer(cfg))
+        except (OSError, ValueError) as e:
+            return [f"model.tokenizer_path: the tokenizer of {m.tokenizer_path or m.sft_path!r} cannot be loaded "
+                    f"locally ({type(e).__name__}: {e})"]
+        small = {k: v for k, v in vocab.items() if v < n_tok}
+        if small:
+            problems.append(f"model.tokenizer_path: the tokenizer has {n_tok} tokens, more than the vocabulary of "
+                            + ", ".join(f"{k} ({v})" for k, v in small.items()))
+    return problems
+
+
 def base_of(model: nn.Module) -> nn.Module:
     """The transformer trunk of an HF model with a head (GPT-2: .transformer, Llama: .model)."""
     return getattr(model, model.base_model_prefix)
@@ -85,7 +144,7 @@ class ScalarHeadModel(nn.Module):
 
 def load_tokenizer(cfg: TrainConfig):
     path = resolve_path(cfg.model.tokenizer_path or cfg.model.sft_path, cfg, "model.tokenizer_path")
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tok.eos_token_id is None:
         raise ModelPathError(f"model.tokenizer_path: the tokenizer at {path!r} has no eos token; responses could never end")
     if tok.pad_token_id is None:

@@ -114,6 +114,14 @@ def start_run(
     return run.info.run_id
 
 
+def run_exists(tracking_uri: str, run_id: str) -> bool:
+    try:
+        client(tracking_uri).get_run(run_id)
+        return True
+    except mlflow.exceptions.MlflowException:
+        return False
+
+
 def reopen_run(tracking_uri: str, run_id: str) -> None:
     client(tracking_uri).update_run(run_id, status="RUNNING")
 
@@ -215,5 +223,5 @@ def run_status(tracking_uri: str, run_id: str) -> str:
 __all__ = [
     "client", "ensure_experiment", "start_run", "reopen_run", "end_run", "log_params", "set_tags",
     "MetricLogger", "log_json_artifact", "log_text_artifact", "log_file_artifacts",
-    "load_json_artifact", "metric_history", "run_status", "git_commit", "artifact_root", "RunStatus", "redact",
+    "load_json_artifact", "metric_history", "run_status", "run_exists", "git_commit", "artifact_root", "RunStatus", "redact",
 ]

@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 
-from . import keys, parallel, tracking
-from .config import ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
+from . import keys, parallel, provenance, tracking
+from .config import BOOKKEEPING, ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
 from .metrics import CollapseDetector
 
 OnStep = Callable[[int, dict[str, float]], bool]
@@ -48,29 +48,53 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+CHECKPOINTS = ("state.pt", "state.prev.pt")  # the latest and the one before it
+
+
 def save_checkpoint(run_dir: Path, state: dict) -> None:
-    """Write to a temp file and rename, so a kill mid-save leaves the previous checkpoint intact."""
+    """Write to a temp file and rename, so a kill mid-save leaves the previous checkpoint intact;
+    the one before is kept too, for a latest one damaged later (a full disk, a bad copy)."""
     ckpt = run_dir / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
     tmp = ckpt / "state.pt.tmp"
     torch.save(state, tmp)
-    os.replace(tmp, ckpt / "state.pt")
+    if (ckpt / CHECKPOINTS[0]).exists():
+        os.replace(ckpt / CHECKPOINTS[0], ckpt / CHECKPOINTS[1])
+    os.replace(tmp, ckpt / CHECKPOINTS[0])
 
 
 def load_checkpoint(run_dir: Path) -> dict | None:
-    f = run_dir / "ckpt" / "state.pt"
-    if not f.exists():
-        return None
-    # weights_only: tensors, numbers, strings and containers only; no pickled code is executed
-    return torch.load(f, map_location="cpu", weights_only=True)
+    """The newest readable checkpoint of run_dir (falling back to the previous one, and saying so),
+    or None when there is none or none can be read (the run then restarts from step 0)."""
+    tried = []
+    for name in CHECKPOINTS:
+        f = run_dir / "ckpt" / name
+        if not f.exists():
+            continue
+        try:
+            # weights_only: tensors, numbers, strings and containers only; no pickled code is executed
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - truncated, empty or not a checkpoint at all
+            tried.append(f"{f}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'empty'})")
+            continue
+        if tried:
+            print(f"[harness] {'; '.join(tried)}; resuming from the previous checkpoint {f} (step {state.get('step')})",
+                  file=sys.stderr)
+        return state
+    if tried:
+        print(f"[harness] {'; '.join(tried)}; no readable checkpoint left: restarting the run from step 0", file=sys.stderr)
+    return None
 
 
 class RunLog:
     """Rank 0's side of a run: its MLflow run, `run.json` and the checkpoint file."""
 
-    def __init__(self, uri: str, run_id: str, run_dir: Path, info: dict):
+    def __init__(self, uri: str, run_id: str, run_dir: Path, info: dict, logged_through: int = -1):
         self.uri, self.run_id, self.run_dir, self.info = uri, run_id, run_dir, info
         self.logger = tracking.MetricLogger(uri, run_id)
+        # a resumed run replays the steps after its checkpoint with identical numbers: those the
+        # store already holds are not logged twice
+        self.logged_through = logged_through
         self._write()
 
     def _write(self, **info) -> None:
@@ -78,7 +102,8 @@ class RunLog:
         _write_json_atomic(self.run_dir / "run.json", self.info)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.logger.log(metrics, step=step)
+        if step > self.logged_through:
+            self.logger.log(metrics, step=step)
 
     def tags(self, tags: dict[str, str]) -> None:
         tracking.set_tags(self.uri, self.run_id, tags)
@@ -123,24 +148,38 @@ class NullRunLog(RunLog):
 
 
 def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, dict | None]:
-    """Rank 0: reopen the run of the checkpoint in run_dir (resume, same config hash), else start a new one."""
+    """Rank 0: reopen the run of the checkpoint in run_dir (resume, same config), else start a new one.
+
+    --resume of a folder whose run had another config is refused, naming the keys that differ:
+    continuing it would mix two configs in one run, and starting over would destroy it."""
     log, uri, chash = cfg.logging, cfg.logging.tracking_uri, config_hash(cfg)
+    flat = {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = load_checkpoint(run_dir) if resume else None
     run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
-    if state is not None and run_info is not None and run_info.get("config_hash") == chash:
+    if run_info is not None and run_info.get("config_hash") != chash:
+        old = run_info.get("config", {})
+        diff = [f"{k}: {old.get(k)!r} -> {flat.get(k)!r}" for k in sorted(set(old) | set(flat)) if old.get(k) != flat.get(k)]
+        raise ConfigError([f"--resume: {run_dir} holds run {run_info.get('run_id')} of another config ("
+                           + ("; ".join(diff) if diff else "config hash differs") + "); resume it with its own config, "
+                           "or give this one another logging.run_name"])
+    state = load_checkpoint(run_dir) if run_info is not None else None
+    if run_info is not None and run_info.get("run_id") and tracking.run_exists(uri, run_info["run_id"]):
         run_id = run_info["run_id"]
         tracking.reopen_run(uri, run_id)
+        done = tracking.metric_history(uri, run_id, keys.STEP_S)
+        logged_through = max((s for s, _ in done), default=-1)
     else:
-        state = None
+        state, logged_through = None, -1
         tags = {
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
-            keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train", **log.tags,
+            keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train",
+            **provenance.record(cfg.data.world_dir if cfg.data.source == "world" else None), **log.tags,
         }
         run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)
         tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
         tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
-    return RunLog(uri, run_id, run_dir, {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0}), state
+    info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0, "config": flat}
+    return RunLog(uri, run_id, run_dir, info, logged_through), state
 
 
 # ------------------------------------------------------------------ the run
@@ -152,6 +191,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
     # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
     # joins the process group when started by torchrun / deepspeed
     env = parallel.setup(cfg)
+    if env.is_main:
+        from .models import preflight  # paths, models and vocabularies, before any MLflow run exists
+
+        problems = preflight(cfg)
+        if problems:
+            raise ConfigError(problems)
     run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
     run, state = _open_run(cfg, run_dir, resume) if env.is_main else (NullRunLog(), None)
     shared = env.broadcast_object({"run_id": run.run_id if env.is_main else None, "resumed": state is not None})

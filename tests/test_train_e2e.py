@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from harness import keys, tracking
-from harness.config import load_config
+from harness.config import ConfigError, load_config
 from harness.train import train
 from conftest import fast_overrides
 
@@ -97,9 +99,62 @@ def test_killed_run_resumes_into_the_same_mlflow_run(tiny_world, tmp_path):
     resumed = train(cfg, resume=True)
     assert resumed.run_id == killed_id and resumed.status == "FINISHED" and resumed.steps_done == 4
     assert c.get_run(killed_id).info.status == "FINISHED"
-    # step 3 was logged before the kill and is logged again after resuming from step 2
-    steps = sorted({s for s, _ in tracking.metric_history(cfg.logging.tracking_uri, killed_id, keys.KL)})
-    assert steps == [1, 2, 3, 4]
+    # step 3 was logged before the kill; resumed from step 2 it is replayed but not logged twice
+    steps = [s for s, _ in tracking.metric_history(cfg.logging.tracking_uri, killed_id, keys.KL)]
+    assert sorted(steps) == [1, 2, 3, 4]
     # resuming reproduces the uninterrupted run: weights, optimizers and RNG streams were restored
     assert resumed.final_metrics[keys.RM_SCORE] == pytest.approx(full.final_metrics[keys.RM_SCORE], abs=1e-5)
     assert resumed.final_metrics[keys.PG_LOSS] == pytest.approx(full.final_metrics[keys.PG_LOSS], abs=1e-5)
+
+
+def test_damaged_checkpoint_falls_back_then_restarts(tiny_world, tmp_path, capsys):
+    over = {"ppo.steps": 4, "logging.checkpoint_every": 1, "logging.eval_every": 0}
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **over))
+    stop_after_3 = lambda step, m: step == 3  # noqa: E731 - a callback stop leaves checkpoints of steps 2 and 3
+    first = train(cfg, on_step=stop_after_3)
+    ckpt = Path(first.run_dir) / "ckpt"
+    (ckpt / "state.pt").write_bytes((ckpt / "state.pt").read_bytes()[:100])  # truncated
+    resumed = train(cfg, resume=True)
+    assert resumed.status == "FINISHED" and resumed.run_id == first.run_id
+    assert "resuming from the previous checkpoint" in capsys.readouterr().err
+    uri = cfg.logging.tracking_uri
+    assert sorted(s for s, _ in tracking.metric_history(uri, first.run_id, keys.KL)) == [1, 2, 3, 4]
+    # both checkpoints empty: the run restarts from step 0, in the same run, still without duplicates
+    for f in ("state.pt", "state.prev.pt"):
+        (ckpt / f).write_bytes(b"")
+    again = train(cfg, resume=True)
+    assert again.status == "FINISHED" and "restarting the run from step 0" in capsys.readouterr().err
+    assert sorted(s for s, _ in tracking.metric_history(uri, first.run_id, keys.KL)) == [1, 2, 3, 4]
+
+
+def test_resume_with_another_config_is_refused_naming_the_keys(tiny_world, tmp_path):
+    over = {"ppo.steps": 2, "logging.checkpoint_every": 1, "logging.eval_every": 0}
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **over))
+    train(cfg)
+    changed = load_config(None, fast_overrides(tiny_world, tmp_path, **over, **{"ppo.kl_coef": 0.3}))
+    with pytest.raises(ConfigError, match=r"another config \(ppo.kl_coef: 0.05 -> 0.3\)"):
+        train(changed, resume=True)
+
+
+def test_preflight_names_the_field_before_any_run_exists(tiny_world, tmp_path):
+    from harness.models import preflight
+
+    base = fast_overrides(tiny_world, tmp_path)
+    assert preflight(load_config(None, base)) == []
+    cases = {
+        "model.sft_path=/nonexistent/model": "model.sft_path",
+        "model.reward_path=gpt2-not-cached-here": "huggingface-cli download",
+        f"data.world_dir={tmp_path / 'nowhere'}": "data.world_dir",
+    }
+    for override, expected in cases.items():
+        problems = preflight(load_config(None, base + [override]))
+        assert problems and expected in " ".join(problems), (override, problems)
+    # a reward model with another vocabulary than the policy's
+    other = tmp_path / "other_rm"
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+    GPT2ForSequenceClassification(GPT2Config(vocab_size=77, n_layer=1, n_embd=16, n_head=2, num_labels=1)).save_pretrained(other)
+    problems = preflight(load_config(None, base + [f"model.reward_path={other}"]))
+    assert any("vocabularies differ" in p and "model.reward_path: 77" in p for p in problems), problems
+    with pytest.raises(ConfigError, match="model.reward_path"):
+        train(load_config(None, base + [f"model.reward_path={other}"]))
+    assert not (tmp_path / "mlflow.db").exists()  # no store, no run
