@@ -191,12 +191,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
     # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
     # joins the process group when started by torchrun / deepspeed
     env = parallel.setup(cfg)
-    if env.is_main:
-        from .models import preflight  # paths, models and vocabularies, before any MLflow run exists
+    from .models import preflight  # paths, models and vocabularies, before any MLflow run exists
 
-        problems = preflight(cfg)
-        if problems:
-            raise ConfigError(problems)
+    problems = preflight(cfg)  # on every rank, so that all of them stop together
+    if problems:
+        raise ConfigError(problems)
     run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
     run, state = _open_run(cfg, run_dir, resume) if env.is_main else (NullRunLog(), None)
     shared = env.broadcast_object({"run_id": run.run_id if env.is_main else None, "resumed": state is not None})

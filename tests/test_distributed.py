@@ -163,7 +163,8 @@ def overrides(tiny, name: str, **extra) -> list[str]:
         "seed": 3,
         "model.sft_path": tiny["models"]["sft"], "model.reward_path": tiny["models"]["reward"],
         "model.pretrained_path": tiny["models"]["sft"],
-        "data.eval_prompts": 5,
+        # the worker swaps in the tiny prompt source; an existing file satisfies the data preflight
+        "data.source": "hh_rlhf", "data.hh_path": tiny["worker"], "data.eval_prompts": 5,
         "generation.max_new_tokens": 8, "generation.temperature": 0.9, "generation.top_k": 20,
         "ppo.steps": 3, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 2,
         "ppo.policy_lr": 3e-3, "ppo.critic_lr": 3e-3, "ppo.entropy_coef": 0.01, "ppo.ptx_coef": 0.1, "ppo.ptx_batch_size": 4,
