@@ -1,24 +1,12 @@
 """The summary of an Optuna sweep (harness/sweep.py): trials table, best trial, importances, plots.
 
     python -m analysis.sweep_plots sweep_delta_eta        # also logs them to the sweep's parent run
-    sweep_summary("ablations/sweep_delta_eta.yaml", "sqlite:///mlflow.db")
-    -> {"figures": [PNG paths], "table": DataFrame, "best": {...}, "importances": {...}, ...}
 
-Read from the Optuna storage (values, states, user attrs) and joined with the MLflow store (child
-runs tagged harness.sweep / harness.trial). Written to results/<sweep>/ by default:
-
-- sweep_history.png       Optuna's optimization history; collapsed trials as red X, pruned ones at
-                           their last running objective, failed ones on the bottom edge
-- sweep_pair.png          the two `plots.pair` keys (default: the first two numeric axes, e.g.
-                           delta_r x eta) as a scatter colored by objective, the same markers
-- sweep_parallel.png      Optuna's parallel coordinates of the completed trials
-- sweep_intermediate.png  Optuna's plot of the running objective each trial reported to the pruner
-- sweep_importances.png   Optuna's parameter importances, when computable
-- sweep_trials.csv        every trial: state, outcome, value, params, user attrs (seed scores,
-                           failure reason, ...), last running objective, MLflow run ids
-- sweep_best.json         the best trial and the importances
-
-`table` is the concise per-trial table for reports; `table_full` is the CSV's.
+Read from the Optuna storage joined with the MLflow child runs (tagged harness.sweep/.trial), and
+written to results/<sweep>/: Optuna's optimization history (sweep_history.png), parallel
+coordinates, intermediate values and importances; sweep_pair.png, the two `plots.pair` keys
+(e.g. delta_r x eta) as a plain scatter colored by objective; collapsed, pruned and failed trials
+marked in both; sweep_trials.csv (every trial, user attrs and MLflow run ids) and sweep_best.json.
 """
 from __future__ import annotations
 
@@ -157,9 +145,6 @@ def param_importances(study: Any, notes: list[str]) -> dict[str, float]:
         return {}
 
 
-# ----------------------------------------------------------------------------------------------
-# Figures
-# ----------------------------------------------------------------------------------------------
 def draw_figures(attr: dict[str, Any], study: Any, table: pd.DataFrame, importances: dict[str, float],
                  out: Path, notes: list[str]) -> list[str]:
     """Every figure that can be drawn yet; one that fails is a note, not a lost summary."""
@@ -247,9 +232,6 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
     return ax
 
 
-# ----------------------------------------------------------------------------------------------
-# CLI
-# ----------------------------------------------------------------------------------------------
 def print_summary(s: dict[str, Any]) -> None:
     metric, best = s["sweep"]["metric"], s["best"]
     print(f"== sweep {s['sweep']['name']}: {metric} ({s['sweep']['direction']}) ==")
