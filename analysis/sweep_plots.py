@@ -17,16 +17,24 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot as plt
+import optuna
 import pandas as pd
+from matplotlib.figure import Figure
+from optuna.trial import TrialState
+from optuna.visualization import matplotlib as vis
+
+from harness import tracking
+from harness.config import from_dict
+from harness.keys import TAG_SWEEP, TAG_TRIAL
+from harness.schema import read_yaml
+from harness.sweep import ATTR_PARENT_RUNS, ATTR_SWEEP, default_storage_url
 
 MIN_TRIALS_FOR_IMPORTANCE = 3
-MARKERS = {  # outcome -> (marker, color) where a plot marks a trial that is not a plain completed one
-    "collapsed": ("X", "tab:red"),
-    "pruned": ("v", "0.45"),
-    "failed": ("x", "black"),
-    "error": ("x", "black"),
-    "interrupted": ("x", "0.6"),
-}
+# outcome -> (marker, color) where a plot marks a trial that is not a plain completed one
+MARKERS = {"collapsed": ("X", "tab:red"), "pruned": ("v", "0.45"), "failed": ("x", "black"), "error": ("x", "black"),
+           "interrupted": ("x", "0.6")}
 STATE_OUTCOME = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running", "WAITING": "running",
                  "FAIL": "interrupted"}  # a trial without an `outcome` user attr
 CONCISE = ["number", "state", "outcome", "value", "collapse_step", "pruned_at_step", "duration_s", "failure_reason"]
@@ -42,13 +50,6 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
     mlflow_run_ids), importances ({key: share}; {} with a note when not computable), notes,
     table_csv, best_json, parent_run_id, tracking_uri, sweep (what harness.sweep stored).
     """
-    import optuna
-
-    from harness.config import from_dict
-    from harness.schema import read_yaml
-    from harness.sweep import ATTR_PARENT_RUNS, ATTR_SWEEP, default_storage_url
-    from harness.tracking import redact
-
     name = str(read_yaml(sweep, "sweep file").get("name")) if Path(sweep).suffix in (".yaml", ".yml") else str(sweep)
     tracking_uri = tracking_uri or from_dict({}).logging.tracking_uri
     storage_url = storage_url or default_storage_url(tracking_uri)
@@ -56,7 +57,7 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
     try:
         study = optuna.load_study(study_name=name, storage=storage_url)
     except KeyError:
-        raise KeyError(f"no Optuna study named {name!r} in {redact(storage_url)}; "
+        raise KeyError(f"no Optuna study named {name!r} in {tracking.redact(storage_url)}; "
                        "run `python -m harness.sweep` on its sweep file first") from None
     attr = study.user_attrs.get(ATTR_SWEEP)
     if not attr:
@@ -81,7 +82,7 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
     concise["failure_reason"] = concise["failure_reason"].map(lambda r: "" if pd.isna(r) else str(r)[:60])
     return {"figures": figures, "table": concise, "table_full": table, "best": best, "importances": importances,
             "notes": notes, "table_csv": str(out / "sweep_trials.csv"), "best_json": str(out / "sweep_best.json"),
-            "parent_run_id": (study.user_attrs.get(ATTR_PARENT_RUNS) or {}).get(redact(tracking_uri)),
+            "parent_run_id": (study.user_attrs.get(ATTR_PARENT_RUNS) or {}).get(tracking.redact(tracking_uri)),
             "tracking_uri": tracking_uri, "sweep": attr}
 
 
@@ -108,9 +109,6 @@ def trials_table(attr: dict[str, Any], study: Any, tracking_uri: str, notes: lis
 
 def mlflow_runs_by_trial(sweep: str, tracking_uri: str, notes: list[str]) -> dict[int, list[str]]:
     """{trial number: its seed runs' ids} from the MLflow child runs tagged with the sweep."""
-    from harness import tracking
-    from harness.keys import TAG_SWEEP, TAG_TRIAL
-
     out: dict[int, list[str]] = {}
     try:
         c = tracking.client(tracking_uri)
@@ -127,14 +125,9 @@ def mlflow_runs_by_trial(sweep: str, tracking_uri: str, notes: list[str]) -> dic
 
 def param_importances(study: Any, notes: list[str]) -> dict[str, float]:
     """Optuna's parameter importances, or {} with a note when they cannot be computed (yet)."""
-    import optuna
-    from optuna.trial import TrialState
-
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    n, values = len(complete), {t.value for t in complete}
-    if n < MIN_TRIALS_FOR_IMPORTANCE or len(values) < 2:
-        notes.append(f"importances: need {MIN_TRIALS_FOR_IMPORTANCE} completed trials of different values, have {n}"
-                     + (" of one value" if len(values) == 1 else ""))
+    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE or len({t.value for t in complete}) < 2:
+        notes.append(f"importances: need {MIN_TRIALS_FOR_IMPORTANCE} completed trials of different values")
         return {}
     try:
         with warnings.catch_warnings():
@@ -148,17 +141,13 @@ def param_importances(study: Any, notes: list[str]) -> dict[str, float]:
 def draw_figures(attr: dict[str, Any], study: Any, table: pd.DataFrame, importances: dict[str, float],
                  out: Path, notes: list[str]) -> list[str]:
     """Every figure that can be drawn yet; one that fails is a note, not a lost summary."""
-    import matplotlib
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as vis
-
     title = f"Sweep {attr['name']}"
     draws = {
         "sweep_history.png": lambda: _history(vis.plot_optimization_history(study, target_name=attr["metric"]),
                                               table, attr),
         "sweep_pair.png": lambda: plot_pair(attr, table) if attr["plot_pair"] and len(table) else None,
         "sweep_parallel.png": lambda: vis.plot_parallel_coordinate(study, target_name=attr["metric"]),
-        "sweep_intermediate.png": lambda: _intermediate(vis.plot_intermediate_values(study), attr),
+        "sweep_intermediate.png": lambda: vis.plot_intermediate_values(study),  # seed k at steps k*steps+1...
         "sweep_importances.png": lambda: importances and vis.plot_param_importances(study, target_name=attr["metric"]),
     }
     figures = []
@@ -197,19 +186,9 @@ def _history(ax: Any, table: pd.DataFrame, attr: dict[str, Any]) -> Any:
     return ax
 
 
-def _intermediate(ax: Any, attr: dict[str, Any]) -> Any:
-    for k in range(1, len(attr["seeds"])):  # seed k reports steps k*steps+1 ...
-        ax.axvline(k * attr["steps"] + 0.5, color="0.5", lw=0.6, ls=":")
-    ax.set_ylabel(f"running {attr['metric']}")
-    ax.set_title(f"running objective seen by the pruner ({attr['pruner']})")
-    return ax
-
-
 def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
     """The two plot keys (objective against the one key when there is one), completed trials colored
     by objective, the others marked: a plain scatter, nothing interpolated between trials."""
-    from matplotlib.figure import Figure
-
     keys = attr["plot_pair"]
     x, y = keys if len(keys) == 2 else (keys[0], "y")
     table = table.assign(y=table["value"].fillna(table["last_intermediate"]))
@@ -232,7 +211,19 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
     return ax
 
 
-def print_summary(s: dict[str, Any]) -> None:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description="Draw a stored sweep's "
+                                "figures and tables and log them to its MLflow parent run.")
+    p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the train config's default)")
+    p.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
+    p.add_argument("--out-dir", help="where figures and tables go (default: results/<name>/)")
+    args = p.parse_args(argv)
+    try:
+        s = sweep_summary(args.sweep, args.tracking_uri, args.storage, out_dir=args.out_dir)
+    except (KeyError, ValueError) as e:
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
     metric, best = s["sweep"]["metric"], s["best"]
     print(f"== sweep {s['sweep']['name']}: {metric} ({s['sweep']['direction']}) ==")
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_rows", 200):
@@ -246,27 +237,9 @@ def print_summary(s: dict[str, Any]) -> None:
         print("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
     for note in s["notes"]:
         print(f"note: {note}")
-    print("\nfigures and tables:\n  " + "\n  ".join([*s["figures"], s["table_csv"], s["best_json"]]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description="Draw a stored sweep's "
-                                "figures and tables and log them to its MLflow parent run.")
-    p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
-    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the train config's default)")
-    p.add_argument("--storage", default=None, help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
-    p.add_argument("--out-dir", default=None, help="where figures and tables go (default: results/<name>/)")
-    args = p.parse_args(argv)
-    try:
-        s = sweep_summary(args.sweep, args.tracking_uri, args.storage, out_dir=args.out_dir)
-    except (KeyError, ValueError) as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 2
-    print_summary(s)
+    files = [*s["figures"], s["table_csv"], s["best_json"]]
+    print("\nfigures and tables:\n  " + "\n  ".join(files))
     if s["parent_run_id"]:
-        from harness import tracking
-
-        files = [*s["figures"], s["table_csv"], s["best_json"]]
         tracking.log_file_artifacts(s["tracking_uri"], s["parent_run_id"], files, artifact_path="sweep")
         print(f"logged to MLflow parent run {s['parent_run_id']}")
     return 0

@@ -29,6 +29,7 @@ import time
 import traceback
 import typing
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
@@ -41,15 +42,11 @@ import sqlalchemy
 from optuna.trial import TrialState
 from pydantic import Field, FiniteFloat, model_validator
 
-from harness import config, keys, schema
+from harness import config, keys, schema, tracking
 from harness.config import TrainConfig, from_dict, merge
 from harness.schema import ConfigError, section
 from harness.tracking import redact
 
-TAG_STUDY = "harness.optuna_study"
-TAG_STORAGE = "harness.optuna_storage"  # password masked
-TAG_SWEEP_FILE = "harness.sweep_file"
-TRIAL_PARAM_PREFIX = "trial."
 ATTR_OUTCOME = "outcome"  # trial user attr, set once a trial reached an outcome
 ATTR_SWEEP = "sweep"  # study user attr: the resolved sweep (space, objective, ...) that analysis reads
 ATTR_PARENT_RUNS = "mlflow_parent_runs"  # study user attr: {masked tracking URI: parent run id}
@@ -232,16 +229,6 @@ class SweepSpec:
                 "sweep_file": str(self.path)}
 
 
-def _kind(tp: Any) -> tuple[str, list[Any] | None]:
-    """(sampling type, all values or None) a config field type allows by default; 'other' when none."""
-    _, inner = schema.base_type(tp)
-    if typing.get_origin(inner) is Literal:
-        return "categorical", list(typing.get_args(inner))
-    if inner is bool:
-        return "categorical", [True, False]
-    return (inner.__name__, None) if inner in (int, float) else ("other", None)
-
-
 def _build_config(data: dict[str, Any]) -> tuple[TrainConfig | None, list[str]]:
     """TrainConfig from data, or the problems config validation found."""
     try:
@@ -250,16 +237,13 @@ def _build_config(data: dict[str, Any]) -> tuple[TrainConfig | None, list[str]]:
         return None, list(e.problems)
 
 
-def _spaced(low: float, high: float, n: int, log: bool, integer: bool) -> list[Any]:
-    """n grid values from low to high, evenly spaced on the axis's scale."""
-    vals = (np.geomspace if log else np.linspace)(low, high, n)
-    return sorted({int(round(v)) for v in vals}) if integer else [float(f"{v:.6g}") for v in vals]
-
-
 def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[Dimension | None, list[str]]:
     """The axis with type, choices and grid filled in, each bound checked as a value of the field."""
     where = f"search_space.{key}"
-    kind, values = _kind(tp)
+    _, inner = schema.base_type(tp)
+    literal = typing.get_origin(inner) is Literal  # bool and Literal fields: categorical over all values by default
+    values = list(typing.get_args(inner)) if literal else [True, False] if inner is bool else None
+    kind = "categorical" if values else inner.__name__ if inner in (int, float) else "other"
     typ = dim.type or ("categorical" if dim.choices is not None else kind)
     if typ == "other":
         return None, [f"{where}: got a range for a field of type {tp}; allowed: `choices: [...]`"]
@@ -281,7 +265,9 @@ def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[D
                (("low", dim.low), ("high", dim.high), ("step", dim.step))
                if typ == "int" and v is not None and not float(v).is_integer()]
         n = dim.grid_points or (int(dim.high - dim.low) + 1 if typ == "int" and dim.high - dim.low < 5 else 3)
-        grid = dim.grid or _spaced(dim.low, dim.high, n, dim.log, typ == "int")
+        spaced = (np.geomspace if dim.log else np.linspace)(dim.low, dim.high, n)  # even on the axis's scale
+        spaced = sorted({int(round(v)) for v in spaced}) if typ == "int" else [float(f"{v:.6g}") for v in spaced]
+        grid = dim.grid or spaced
         bad += [f"{where}.grid: got {g!r}; allowed: numbers in [{dim.low:g}, {dim.high:g}]" for g in grid
                 if isinstance(g, (bool, str)) or g is None or not dim.low <= g <= dim.high]
         if bad:
@@ -337,9 +323,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, *,
     raw = schema.read_yaml(path, "sweep file")
     over = config.parse_overrides(overrides)
     raw = _apply_sweep_overrides(raw, {k.removeprefix("sweep."): v for k, v in over.items() if k.startswith("sweep.")})
-    for k in ("sampler", "pruner"):
-        if isinstance(raw.get(k), str):
-            raw[k] = {"name": raw[k]}
+    raw.update({k: {"name": raw[k]} for k in ("sampler", "pruner") if isinstance(raw.get(k), str)})
     if isinstance(raw.get("search_space"), dict):
         raw["search_space"] = {k: {"choices": v} if isinstance(v, list) else (v or {})
                                for k, v in raw["search_space"].items()}
@@ -442,8 +426,6 @@ def _shared(lock: Any) -> Any:
 def _stale_trial(tracking_uri: str, name: str, study: Any, trial: Any) -> None:
     """Optuna's `heartbeat_stale_trial_callback` for a trial whose worker died: its MLflow runs end
     KILLED (tagged interrupted), and the trial is retried once with the same values."""
-    from harness import tracking
-
     c = tracking.client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     query = f"tags.`{keys.TAG_SWEEP}` = '{name}' and tags.`{keys.TAG_TRIAL}` = '{trial.number}'"
@@ -539,13 +521,10 @@ def fail_orphaned_trials(lock: Any, study: Any, storage: Any) -> list[int]:
 
 def trial_counts(study: Any) -> dict[str, int]:
     """Trials that count toward the total (an outcome), were interrupted, are running or queued."""
-    counts = {"counted": 0, "interrupted": 0, "running": 0, "waiting": 0}
-    for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.FAIL and ATTR_OUTCOME not in t.user_attrs:
-            counts["interrupted"] += 1
-        else:
-            counts[{TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}.get(t.state, "counted")] += 1
-    return counts
+    names = {TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
+    counts = Counter("interrupted" if t.state == TrialState.FAIL and ATTR_OUTCOME not in t.user_attrs
+                     else names.get(t.state, "counted") for t in study.get_trials(deepcopy=False))
+    return {k: counts[k] for k in ("counted", "interrupted", "running", "waiting")}
 
 
 class TrialFailed(Exception):
@@ -554,28 +533,6 @@ class TrialFailed(Exception):
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-@dataclass
-class IntermediateReporter:
-    """The trainer's on_step callback: report the running objective, return should_prune()."""
-
-    trial: Any
-    metric: str
-    window: int
-    step_offset: int
-    values: list[float] = field(default_factory=list)
-    pruned_at: int | None = None
-
-    def __call__(self, step: int, metrics: dict[str, float]) -> bool:
-        value = metrics.get(self.metric)
-        if value is None or not math.isfinite(float(value)):
-            return False
-        self.values.append(float(value))
-        self.trial.report(fmean(self.values[-self.window:]), self.step_offset + step)
-        if self.trial.should_prune():
-            self.pruned_at = step
-        return self.pruned_at is not None
 
 
 def score_run(history: list[tuple[int, float]], objective: Objective, direction: str,
@@ -597,7 +554,6 @@ def score_run(history: list[tuple[int, float]], objective: Objective, direction:
 
 def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: int, trial: Any) -> float:
     """Optuna's objective: every seed trained with the sampled values, scored, recorded everywhere."""
-    from harness import tracking
     from harness.train import train  # lazy: torch is only needed inside a trial
 
     obj, uri, t0 = spec.file.objective, spec.tracking_uri, time.time()
@@ -608,6 +564,18 @@ def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: 
     scores: list[float] = []
     raws: list[float] = []
     collapse_steps: dict[str, int | None] = {}
+    pruned_at: list[int] = []
+
+    def on_step(offset: int, values: list[float], step: int, metrics: dict[str, float]) -> bool:
+        """The trainer's callback: report the running objective to the pruner; True stops the run."""
+        value = float(metrics.get(spec.metric, math.nan))
+        if not math.isfinite(value):
+            return False
+        values.append(value)
+        trial.report(fmean(values[-obj.last_steps:]), offset + step)
+        if trial.should_prune():
+            pruned_at.append(step)
+        return bool(pruned_at)
 
     def trial_config(seed: int) -> TrainConfig:
         tags = {**((spec.base_config.get("logging") or {}).get("tags") or {}),
@@ -632,22 +600,17 @@ def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: 
 
     try:
         for i, seed in enumerate(spec.seeds):
-            reporter = IntermediateReporter(trial, spec.metric, obj.last_steps, i * spec.steps)
-            result = train(trial_config(seed), on_step=reporter)
+            result = train(trial_config(seed), on_step=functools.partial(on_step, i * spec.steps, []))
             if result.run_id:
                 run_ids.append(result.run_id)
-                tracking.log_params(uri, result.run_id, {TRIAL_PARAM_PREFIX + k: v for k, v in params.items()})
+                tracking.log_params(uri, result.run_id, {f"trial.{k}": v for k, v in params.items()})
             if result.status == "FAILED":
                 trial.set_user_attr("failed_seed", seed)
                 raise TrialFailed(result.error or "training run ended FAILED")
-            if reporter.pruned_at is not None:
-                trial.set_user_attr("pruned_at_step", reporter.pruned_at)
-                trial.set_user_attr("pruned_seed", seed)
-                finish("PRUNED", "pruned", f"pruned at step {reporter.pruned_at} of seed {seed}")
-                raise optuna.TrialPruned()
+            if pruned_at:
+                break
             collapse_step = (result.collapse_step or result.steps_done) if result.collapsed else None
-            history = tracking.metric_history(uri, result.run_id, spec.metric) if result.run_id else []
-            history = history or list(enumerate(reporter.values, start=1))
+            history = tracking.metric_history(uri, result.run_id, spec.metric)
             score, raw = score_run(history, obj, spec.direction, collapse_step)
             if collapse_step is not None and obj.collapsed == "worst":
                 done = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -655,10 +618,7 @@ def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: 
             collapse_steps[str(seed)] = collapse_step
             scores.append(score)
             raws.append(raw)
-            if result.run_id:
-                tracking.MetricLogger(uri, result.run_id).log({keys.SWEEP_OBJECTIVE: score}, step=result.steps_done)
-    except optuna.TrialPruned:
-        raise
+            tracking.MetricLogger(uri, result.run_id).log({keys.SWEEP_OBJECTIVE: score}, step=result.steps_done)
     except TrialFailed as e:
         trial.set_user_attr("failure_reason", str(e)[:2000])
         finish("FAIL", "failed", f"FAILED: {str(e)[:200]}", {keys.TAG_FAILURE: str(e)[:500]})
@@ -667,6 +627,11 @@ def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: 
         trial.set_user_attr("failure_reason", f"{type(e).__name__}: {e}"[:2000])
         finish("FAIL", "error", f"ERROR {type(e).__name__}: {str(e)[:200]}\n{traceback.format_exc()}")
         raise
+    if pruned_at:
+        trial.set_user_attr("pruned_at_step", pruned_at[0])
+        trial.set_user_attr("pruned_seed", seed)
+        finish("PRUNED", "pruned", f"pruned at step {pruned_at[0]} of seed {seed}")
+        raise optuna.TrialPruned()
     value = fmean(scores)
     collapsed = [int(s) for s, c in collapse_steps.items() if c is not None]
     for k, v in {"seed_scores": scores, "seed_raw_scores": raws, "collapsed": bool(collapsed),
@@ -684,8 +649,7 @@ def _worker(spec: SweepSpec, storage_url: str, parent_run_id: str, target: int, 
     ones are run first by whichever worker asks next)."""
     if threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-    # run_trial prints every outcome (with the traceback of a real error); Optuna's own
-    # warning for each FAIL trial would only repeat it.
+    # run_trial prints every outcome (with a real error's traceback): Optuna's warnings would repeat it
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with _shared(_run_lock(storage_url, spec.name)):
         study, _ = open_study(spec, storage_url, seed_offset + worker)
@@ -695,8 +659,6 @@ def _worker(spec: SweepSpec, storage_url: str, parent_run_id: str, target: int, 
 
 def _parent_run(spec: SweepSpec, study: Any, storage_url: str) -> str:
     """The study's MLflow parent run in this tracking store (reopened when continuing)."""
-    from harness import tracking
-
     uri, f = spec.tracking_uri, spec.file
     runs, store = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {}), redact(uri)
     if runs.get(store):
@@ -704,8 +666,9 @@ def _parent_run(spec: SweepSpec, study: Any, storage_url: str) -> str:
             tracking.reopen_run(uri, runs[store])
             return runs[store]
     run_id = tracking.start_run(uri, spec.name, run_name=f"sweep {spec.name}", tags={
-        keys.TAG_ROLE: "parent", keys.TAG_SWEEP: spec.name, TAG_STUDY: spec.name, TAG_STORAGE: redact(storage_url),
-        keys.TAG_COMMIT: tracking.git_commit(), TAG_SWEEP_FILE: str(spec.path)})
+        keys.TAG_ROLE: "parent", keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,
+        "harness.optuna_storage": redact(storage_url), keys.TAG_COMMIT: tracking.git_commit(),
+        "harness.sweep_file": str(spec.path)})
     tracking.log_params(uri, run_id, {
         "sweep.direction": f.direction, "sweep.objective": spec.metric,
         **{f"sweep.objective.{k}": v for k, v in dataclasses.asdict(f.objective).items() if k != "metric"},
@@ -722,8 +685,6 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
 
     Torch threads per trial: `threads`, else the config's `threads` when set, else (with several
     workers) the CPUs split evenly between the workers."""
-    from harness import tracking
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = spec.tracking_uri
     storage_url = storage_url or default_storage_url(uri)
