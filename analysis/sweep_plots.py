@@ -141,10 +141,10 @@ def param_importances(study: Any, notes: list[str]) -> dict[str, float]:
 def draw_figures(attr: dict[str, Any], study: Any, table: pd.DataFrame, importances: dict[str, float],
                  out: Path, notes: list[str]) -> list[str]:
     """Every figure that can be drawn yet; one that fails is a note, not a lost summary."""
-    title = f"Sweep {attr['name']}"
+    table = table.assign(y=table["value"].fillna(table["last_intermediate"]))  # where a trial sits on a y axis
     draws = {
-        "sweep_history.png": lambda: _history(vis.plot_optimization_history(study, target_name=attr["metric"]),
-                                              table, attr),
+        "sweep_history.png": lambda: _mark(vis.plot_optimization_history(study, target_name=attr["metric"]),
+                                           table, "number", "y"),
         "sweep_pair.png": lambda: plot_pair(attr, table) if attr["plot_pair"] and len(table) else None,
         "sweep_parallel.png": lambda: vis.plot_parallel_coordinate(study, target_name=attr["metric"]),
         "sweep_intermediate.png": lambda: vis.plot_intermediate_values(study),  # seed k at steps k*steps+1...
@@ -158,7 +158,7 @@ def draw_figures(attr: dict[str, Any], study: Any, table: pd.DataFrame, importan
             try:
                 ax = draw() if len(table) else None
                 if ax:
-                    ax.set_title(f"{title}: {ax.get_title() or file[6:-4]}")
+                    ax.set_title(f"Sweep {attr['name']}: {ax.get_title()} ({attr['direction']})")
                     ax.figure.savefig(out / file, dpi=150, bbox_inches="tight")
                     figures.append(str(out / file))
             except Exception as e:
@@ -167,8 +167,8 @@ def draw_figures(attr: dict[str, Any], study: Any, table: pd.DataFrame, importan
     return figures
 
 
-def _mark(ax: Any, table: pd.DataFrame, x: str, y: str) -> None:
-    """Trials of MARKERS outcomes as their markers; those without a y sit on the bottom edge."""
+def _mark(ax: Any, table: pd.DataFrame, x: str, y: str) -> Any:
+    """Trials of MARKERS outcomes as their markers (those without a y on the bottom edge), with a legend."""
     ys = pd.to_numeric(table[y], errors="coerce")
     bottom = ys.min() - 0.08 * ((ys.max() - ys.min()) or 1.0) if ys.notna().any() else 0.0
     for outcome, rows in table.groupby("outcome"):
@@ -176,13 +176,7 @@ def _mark(ax: Any, table: pd.DataFrame, x: str, y: str) -> None:
             marker, color = MARKERS[outcome]
             ax.scatter(rows[x], ys[rows.index].fillna(bottom), marker=marker, color=color, s=48, zorder=5,
                        label=f"{outcome} ({len(rows)})")
-
-
-def _history(ax: Any, table: pd.DataFrame, attr: dict[str, Any]) -> Any:
-    table = table.assign(y=table["value"].fillna(table["last_intermediate"]))
-    _mark(ax, table, "number", "y")
-    ax.set_title(f"optimization history ({attr['direction']})")
-    ax.legend(loc="best", fontsize=7)
+    ax.legend(loc="best", fontsize=7, framealpha=0.8)
     return ax
 
 
@@ -191,13 +185,11 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
     by objective, the others marked: a plain scatter, nothing interpolated between trials."""
     keys = attr["plot_pair"]
     x, y = keys if len(keys) == 2 else (keys[0], "y")
-    table = table.assign(y=table["value"].fillna(table["last_intermediate"]))
     ax = Figure(figsize=(7.2, 3.6), layout="constrained").add_subplot()
     done = table[table["outcome"] == "complete"]
     cmap = "viridis" if attr["direction"] == "maximize" else "viridis_r"
     dots = ax.scatter(done[x], done[y], c=done["value"], cmap=cmap, marker="o", s=36, edgecolors="black",
                       linewidths=0.4, label=f"complete ({len(done)})")
-    _mark(ax, table, x, y)
     for _, r in table[table["outcome"].isin(("complete", "collapsed"))].iterrows():
         ax.annotate(str(r["number"]), (r[x], r[y]), textcoords="offset points", xytext=(4, 3), fontsize=6, color="0.3")
     for k, set_scale in ((x, ax.set_xscale), (y, ax.set_yscale)):
@@ -207,8 +199,7 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
     ax.set_title(f"{x} × {y}" if len(keys) == 2 else f"objective vs {x}")
     if len(keys) == 2 and len(done):
         ax.figure.colorbar(dots, ax=ax, label=attr["metric"])
-    ax.legend(loc="best", fontsize=7, framealpha=0.8)
-    return ax
+    return _mark(ax, table, x, y)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,16 +3,11 @@
     python -m harness.sweep ablations/sweep_delta_eta.yaml --trials 16 --workers 2
     python -m analysis.sweep_plots sweep_delta_eta      # plots, trials table, best trial
 
-A trial trains each of its seeds with the sampled values and scores their mean (score_run); a
-collapsed trial stays COMPLETE (user attr `collapsed`, so the sampler learns to avoid it), a FAILED
-run fails its trial (user attrs `outcome`, `failure_reason`) and the study goes on, the pruner
-stops weak trials (PRUNED). `--trials` is the study's TOTAL of trials with an outcome: rerunning
-continues the study and makes up trials cut off by Ctrl-C or a dead worker. Workers follow
-Optuna's multi-process pattern: study.optimize per process on one RDB storage, MaxTrialsCallback,
-heartbeats (a dead worker's trial is failed as stale, its MLflow runs KILLED, the parent run
-FAILED). Storage: optuna.db next to the MLflow sqlite file, or --storage; passwords are masked
-wherever printed or stored. MLflow: one parent run per study and store; every trial seed a child
-run tagged harness.sweep/.trial/.seed/.trial_state/.trial_outcome with params `trial.<key>`.
+A trial scores the mean over its seeds (score_run); collapsed trials stay COMPLETE (user attr
+`collapsed`), a FAILED run fails its trial (user attrs `outcome`, `failure_reason`), the pruner
+stops weak ones. `--trials` is the study's TOTAL of trials with an outcome: rerunning continues the
+study and makes up trials cut off by Ctrl-C or a dead worker (whose MLflow runs end KILLED and whose
+parent run ends FAILED). Storage: optuna.db next to the MLflow sqlite file, or --storage.
 """
 from __future__ import annotations
 
@@ -207,14 +202,10 @@ class SweepSpec:
     path: Path
     name: str
     direction: str
-    base_config: dict[str, Any]
-    """Train config data (base < set < steps < --set), validated; searched keys not set yet."""
-    space: dict[str, Dimension]
-    """The axes with type, choices and grid resolved."""
-    metric: str
-    """The objective metric (`auto` resolved)."""
-    tracking_uri: str
-    """Where trials log (--tracking-uri, else the train config's)."""
+    base_config: dict[str, Any]  # train config data (base < set < steps < --set), validated; searched keys unset
+    space: dict[str, Dimension]  # the axes with type, choices and grid resolved
+    metric: str  # the objective metric (`auto` resolved)
+    tracking_uri: str  # where trials log (--tracking-uri, else the train config's)
     seeds: list[int]
     trials: int
     steps: int
@@ -223,10 +214,8 @@ class SweepSpec:
     def to_attr(self) -> dict[str, Any]:
         """What analysis.sweep_plots needs, stored as the study's ATTR_SWEEP user attr."""
         space = {k: {a: v for a, v in dataclasses.asdict(d).items() if v is not None} for k, d in self.space.items()}
-        return {"name": self.name, "title": self.file.title, "direction": self.direction, "metric": self.metric,
-                "last_steps": self.file.objective.last_steps, "seeds": self.seeds, "steps": self.steps,
-                "pruner": self.file.pruner.name, "plot_pair": self.plot_pair, "search_space": space,
-                "sweep_file": str(self.path)}
+        return {"name": self.name, "direction": self.direction, "metric": self.metric, "plot_pair": self.plot_pair,
+                "search_space": space, "sweep_file": str(self.path)}
 
 
 def _build_config(data: dict[str, Any]) -> tuple[TrainConfig | None, list[str]]:
@@ -282,13 +271,14 @@ def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[D
 def _apply_sweep_overrides(raw: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`--set sweep.<field>=v`; search-space keys are dotted themselves: `sweep.search_space.ppo.kl_coef.low=0.01`."""
     out = merge(raw, {k: v for k, v in over.items() if not k.startswith("search_space.")})
+    space = out.get("search_space")
     for k, v in over.items():
-        if k.startswith("search_space.") and isinstance(out.get("search_space"), dict):
-            key, _, attr = k.removeprefix("search_space.").rpartition(".")
+        key, _, attr = k.removeprefix("search_space.").rpartition(".")
+        if k.startswith("search_space.") and isinstance(space, dict):
             if key and attr in {f.name for f in dataclasses.fields(Dimension)}:
-                out["search_space"][key] = {**(out["search_space"].get(key) or {}), attr: v}
+                space[key] = {**(space.get(key) or {}), attr: v}
             else:
-                out["search_space"][k.removeprefix("search_space.")] = v
+                space[k.removeprefix("search_space.")] = v
     return out
 
 
@@ -312,8 +302,7 @@ def _point_problems(f: SweepFile, space: dict[str, Dimension]) -> list[str]:
     return problems
 
 
-def load_sweep(path: str | Path, overrides: list[str] | None = None, *,
-               trials: int | None = None, tracking_uri: str | None = None) -> SweepSpec:
+def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_uri: str | None = None) -> SweepSpec:
     """Read and validate a sweep file completely, world, data and model files too; ConfigError lists
     every problem. `overrides`: `--set` items; `sweep.<field>=v` changes the sweep file (sweep.seeds=2,
     sweep.pruner.name=none), any other key the train config of every trial."""
@@ -374,7 +363,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, *,
     if not seeds or len(set(seeds)) < len(seeds):
         problems.append(f"seeds: got {f.seeds!r}; allowed: a count >= 1 or a list of distinct integers")
     grid_size = math.prod(len(d.grid or []) for d in space.values())
-    n_trials = trials if trials is not None else f.trials or (grid_size if f.sampler.name == "grid" else 16)
+    n_trials = f.trials or (grid_size if f.sampler.name == "grid" else 16)
     if f.sampler.name == "grid" and space and n_trials > grid_size:
         problems.append(f"trials: got {n_trials} with sampler grid; allowed: at most the grid size {grid_size}")
     if cfg.ppo.steps < 1:
@@ -434,16 +423,14 @@ def _stale_trial(tracking_uri: str, name: str, study: Any, trial: Any) -> None:
         tracking.set_tags(tracking_uri, r.info.run_id, tags)
         if r.info.status == "RUNNING":
             tracking.end_run(tracking_uri, r.info.run_id, "KILLED")
-    print(f"[sweep {name}] trial {trial.number}: its worker died; failed as interrupted, MLflow runs KILLED, "
-          "retried once")
+    print(f"[sweep {name}] trial {trial.number}: its worker died; MLflow runs KILLED, retried once")
     optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
 
 
 def make_storage(url: str, tracking_uri: str, name: str) -> Any:
-    """RDBStorage with heartbeats (a dead worker's trial is failed as stale by _stale_trial).
-
-    On sqlite every transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins only at the
-    first write, so two workers could both read a queued trial as WAITING and both run it."""
+    """RDBStorage with heartbeats (a dead worker's trial is failed as stale by _stale_trial). On sqlite every
+    transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins only at the first write, so two
+    workers could both read a queued trial as WAITING and both run it."""
     engine_kwargs = ({"connect_args": {"timeout": SQLITE_TIMEOUT_S, "isolation_level": None}}
                      if url.startswith("sqlite") else {"pool_pre_ping": True})
     with warnings.catch_warnings():
@@ -498,9 +485,8 @@ def open_study(spec: SweepSpec, storage_url: str, seed_offset: int = 0) -> tuple
 
 
 def fail_orphaned_trials(lock: Any, study: Any, storage: Any) -> list[int]:
-    """When this process gets the run lock exclusively (no other sweep process of the study is alive),
-    every RUNNING trial's worker is dead: fail it as interrupted at once and run the storage's
-    stale-trial callback on it. Returns their numbers."""
+    """With the run lock held exclusively (no other sweep process of the study alive), every RUNNING trial's
+    worker is dead: fail those at once, run the stale-trial callback on each; returns their numbers."""
     if lock is None:
         return []
     try:
@@ -537,10 +523,8 @@ def _fmt(v: Any) -> str:
 
 def score_run(history: list[tuple[int, float]], objective: Objective, direction: str,
               collapse_step: int | None) -> tuple[float, float]:
-    """(score, raw) of one run from its metric history; raw ignores the collapse rule.
-
-    raw = mean of the last `last_steps` values; a collapsed run under `penalty` scores
-    mean(last `last_steps` values up to the collapse step) -/+ collapse_penalty (maximize/minimize)."""
+    """(score, raw) of one run: raw = mean of the last `last_steps` values; a collapsed run under `penalty`
+    scores mean(last `last_steps` values up to the collapse step) -/+ collapse_penalty (maximize/minimize)."""
     history = sorted((s, v) for s, v in history if math.isfinite(v))
     if not history:
         raise TrialFailed(f"{objective.metric} was never logged (finite) in this run")
@@ -644,9 +628,8 @@ def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: 
 
 def _worker(spec: SweepSpec, storage_url: str, parent_run_id: str, target: int, worker: int, seed_offset: int,
             threads: int | None) -> None:
-    """One worker process (or the sweep process itself): Optuna's own loop on the shared storage,
-    until the study holds `target` started trials (running ones of every process count; queued
-    ones are run first by whichever worker asks next)."""
+    """One worker process (or the sweep process itself): Optuna's own loop on the shared storage until the
+    study holds `target` started trials of every process (queued ones run first, by whichever worker)."""
     if threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
     # run_trial prints every outcome (with a real error's traceback): Optuna's warnings would repeat it
@@ -682,9 +665,7 @@ def _parent_run(spec: SweepSpec, study: Any, storage_url: str) -> str:
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = None,
               threads: int | None = None) -> dict[str, Any]:
     """Run the study up to spec.trials total trials; returns counts, best trial, parent run, worker errors.
-
-    Torch threads per trial: `threads`, else the config's `threads` when set, else (with several
-    workers) the CPUs split evenly between the workers."""
+    Torch threads per trial: `threads`, else the config's `threads`, else the CPUs split between workers."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = spec.tracking_uri
     storage_url = storage_url or default_storage_url(uri)
@@ -778,7 +759,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag, v in (("--workers", args.workers), ("--threads", args.threads), ("--trials", args.trials)):
             if v is not None and v < 1:
                 raise ConfigError([f"{flag}: got {v}; allowed: an integer >= 1"])
-        spec = load_sweep(args.file, args.overrides, trials=args.trials, tracking_uri=args.tracking_uri)
+        trials = [] if args.trials is None else [f"sweep.trials={args.trials}"]
+        spec = load_sweep(args.file, args.overrides + trials, args.tracking_uri)
         if args.validate:
             print(f"sweep {spec.name}: {spec.trials} trials x {len(spec.seeds)} seed(s) x {spec.steps} steps, "
                   f"objective {spec.metric} ({spec.direction})")
@@ -803,12 +785,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("no completed trial yet")
     print(f"MLflow parent run {result['parent_run_id']} in {redact(spec.tracking_uri)}")
-    cmd = f"python -m analysis.sweep_plots {spec.name}"  # passwords masked: given again by the user
-    if spec.tracking_uri != from_dict({}).logging.tracking_uri:
-        cmd += f" --tracking-uri {redact(spec.tracking_uri)}"
-    if result["storage_url"] != default_storage_url(spec.tracking_uri):
-        cmd += f" --storage {redact(result['storage_url'])}"
-    print(f"plots and tables: {cmd}")
+    print(f"plots and tables (masked passwords given again): python -m analysis.sweep_plots {spec.name} "
+          f"--tracking-uri {redact(spec.tracking_uri)} --storage {redact(result['storage_url'])}")
     # Failed, pruned and collapsed trials are results (exit 0); a dead worker process is not.
     return 1 if result["worker_errors"] else 0
 
