@@ -1,12 +1,9 @@
-"""The summary of an Optuna sweep (harness/sweep.py): trials table, best trial, importances, plots.
-
-    python -m analysis.sweep_plots sweep_delta_eta        # also logs them to the sweep's parent run
-
-Read from the Optuna storage joined with the MLflow child runs (tagged harness.sweep/.trial), and
-written to results/<sweep>/: Optuna's optimization history (sweep_history.png), parallel
-coordinates, intermediate values and importances; sweep_pair.png, the two `plots.pair` keys
-(e.g. delta_r x eta) as a plain scatter colored by objective; collapsed, pruned and failed trials
-marked in both; sweep_trials.csv (every trial, user attrs and MLflow run ids) and sweep_best.json.
+"""The summary of an Optuna sweep (harness/sweep.py), drawn by `python -m analysis.sweep_plots NAME`
+into results/<sweep>/ and logged to the sweep's MLflow parent run: Optuna's optimization history,
+parallel coordinates, intermediate values and importances; sweep_pair.png, the two `plots.pair` keys
+(e.g. delta_r x eta) as a plain scatter colored by objective (collapsed, pruned and failed trials
+marked here and in the history); sweep_trials.csv (every trial joined with its MLflow child runs)
+and sweep_best.json.
 """
 from __future__ import annotations
 
@@ -36,20 +33,16 @@ MIN_TRIALS_FOR_IMPORTANCE = 3
 MARKERS = {"collapsed": ("X", "tab:red"), "pruned": ("v", "0.45"), "failed": ("x", "black"), "error": ("x", "black"),
            "interrupted": ("x", "0.6")}
 STATE_OUTCOME = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running", "WAITING": "running",
-                 "FAIL": "interrupted"}  # a trial without an `outcome` user attr
+                 "FAIL": "interrupted"}
 CONCISE = ["number", "state", "outcome", "value", "collapse_step", "pruned_at_step", "duration_s", "failure_reason"]
 
 
 def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_url: str | None = None,
                   *, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Summary of a stored sweep study: `sweep` is its name or its sweep YAML (whose `name` is used).
-
-    Defaults: the train config's default tracking URI, the Optuna store next to it, files under
-    results/<name>/. Keys: figures (PNG paths), table (one row per trial, concise; table_full has
-    every column), best ({} when nothing completed: number, value, params, collapsed,
-    mlflow_run_ids), importances ({key: share}; {} with a note when not computable), notes,
-    table_csv, best_json, parent_run_id, tracking_uri, sweep (what harness.sweep stored).
-    """
+    """Summary of a stored sweep study, by name or sweep YAML; defaults: the train config's tracking URI,
+    the Optuna store next to it, files in results/<name>/. Keys: figures (PNG paths), table (concise, one row
+    per trial), table_full, best ({} before a trial completed), importances ({} and a note when not
+    computable), notes, table_csv, best_json, parent_run_id, tracking_uri, sweep (what harness.sweep stored)."""
     name = str(read_yaml(sweep, "sweep file").get("name")) if Path(sweep).suffix in (".yaml", ".yml") else str(sweep)
     tracking_uri = tracking_uri or from_dict({}).logging.tracking_uri
     storage_url = storage_url or default_storage_url(tracking_uri)
@@ -87,15 +80,14 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
 
 
 def trials_table(attr: dict[str, Any], study: Any, tracking_uri: str, notes: list[str]) -> pd.DataFrame:
-    """Optuna's trials_dataframe (params and user attrs without their prefixes) with the outcome, the
-    first collapse step, the last running objective and the MLflow run ids (from MLflow when
-    reachable: an interrupted trial has no `mlflow_run_ids` user attr)."""
+    """Optuna's trials_dataframe (prefixes dropped) with outcome, first collapse step, last running objective
+    and MLflow run ids (from MLflow when reachable: an interrupted trial has no `mlflow_run_ids` attr)."""
     attrs = ("number", "state", "value", "params", "user_attrs", "duration", "datetime_start")
     df = study.trials_dataframe(attrs=attrs)
     df.columns = [c.removeprefix("params_").removeprefix("user_attrs_") for c in df.columns]
     more = ["collapse_steps", "mlflow_run_ids"]
     df = df.reindex(columns=list(dict.fromkeys([*CONCISE, *attr["search_space"], *df.columns, *more])))
-    df["outcome"] = df["outcome"].fillna(df["state"].map(STATE_OUTCOME))
+    df["outcome"] = df["outcome"].fillna(df["state"].map(STATE_OUTCOME))  # no `outcome` attr: by its state
     df["collapse_step"] = df["collapse_steps"].map(
         lambda s: min((v for v in s.values() if v is not None), default=None) if isinstance(s, dict) else None)
     trials = study.get_trials(deepcopy=False)
@@ -114,8 +106,7 @@ def mlflow_runs_by_trial(sweep: str, tracking_uri: str, notes: list[str]) -> dic
         c = tracking.client(tracking_uri)
         exp = c.get_experiment_by_name(sweep)
         query = f"tags.`{TAG_SWEEP}` = '{sweep}'"
-        children = c.search_runs([exp.experiment_id], query, max_results=50000) if exp else []
-        for r in children:
+        for r in c.search_runs([exp.experiment_id], query, max_results=50000) if exp else []:
             if r.data.tags.get(TAG_TRIAL, "").isdigit():
                 out.setdefault(int(r.data.tags[TAG_TRIAL]), []).append(r.info.run_id)
     except Exception as e:  # the Optuna store still has every trial's own record
@@ -130,8 +121,7 @@ def param_importances(study: Any, notes: list[str]) -> dict[str, float]:
         notes.append(f"importances: need {MIN_TRIALS_FOR_IMPORTANCE} completed trials of different values")
         return {}
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}
     except Exception as e:
         notes.append(f"importances not computable yet: {type(e).__name__}: {e}")
@@ -153,8 +143,7 @@ def draw_figures(attr: dict[str, Any], study: Any, table: pd.DataFrame, importan
     figures = []
     for file, draw in draws.items():
         # Optuna's plots switch pyplot to the ggplot style: rc_context puts the caller's style back.
-        with matplotlib.rc_context(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Optuna's matplotlib plots are experimental
+        with matplotlib.rc_context(), warnings.catch_warnings(action="ignore"):  # Optuna's plots: experimental
             try:
                 ax = draw() if len(table) else None
                 if ax:
@@ -181,8 +170,7 @@ def _mark(ax: Any, table: pd.DataFrame, x: str, y: str) -> Any:
 
 
 def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
-    """The two plot keys (objective against the one key when there is one), completed trials colored
-    by objective, the others marked: a plain scatter, nothing interpolated between trials."""
+    """The pair keys (or objective vs the one key), completed trials colored by objective: a plain scatter."""
     keys = attr["plot_pair"]
     x, y = keys if len(keys) == 2 else (keys[0], "y")
     ax = Figure(figsize=(7.2, 3.6), layout="constrained").add_subplot()
@@ -215,15 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError) as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
-    metric, best = s["sweep"]["metric"], s["best"]
-    print(f"== sweep {s['sweep']['name']}: {metric} ({s['sweep']['direction']}) ==")
-    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_rows", 200):
-        print(s["table"].to_string(index=False))
-    collapsed = " (collapsed)" if best.get("collapsed") else ""
-    print(f"\nbest trial {best['number']}: {metric} = {best['value']:.6g}{collapsed}" if best
-          else "\nno completed trial yet")
-    for k, v in (best.get("params") or {}).items():
-        print(f"  {k} = {v:.4g}" if isinstance(v, float) else f"  {k} = {v}")
+    best = s["best"]
+    print(f"== sweep {s['sweep']['name']}: {s['sweep']['metric']} ({s['sweep']['direction']}) ==")
+    print(s["table"].to_string(index=False))
+    print(f"\nbest trial: {json.dumps(best, default=str)}" if best else "\nno completed trial yet")
     if s["importances"]:
         print("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
     for note in s["notes"]:

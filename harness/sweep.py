@@ -22,13 +22,11 @@ import os
 import sys
 import time
 import traceback
-import typing
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import filelock
 import numpy as np
@@ -47,17 +45,13 @@ ATTR_SWEEP = "sweep"  # study user attr: the resolved sweep (space, objective, .
 ATTR_PARENT_RUNS = "mlflow_parent_runs"  # study user attr: {masked tracking URI: parent run id}
 # Keys that say where a run is logged, or that the sweep sets itself, are not searched.
 NOT_SEARCHABLE = (*config.BOOKKEEPING, "seed", "distributed.", "ppo.steps")
-HEARTBEAT_INTERVAL_S = 20
-HEARTBEAT_GRACE_S = 120
-SQLITE_TIMEOUT_S = 600
-Scalar = Union[bool, int, float, str, None]
+Scalar = bool | int | float | str | None
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # by MaxTrialsCallback
 
 
 @section
 class Dimension:
-    """One search-space axis `search_space.<TrainConfig key>`: `{low, high, log, step}` for a number,
-    `{choices: [...]}` (or a bare list) for a categorical."""
+    """A search-space axis: `{low, high, log, step}` for a number, `{choices: [...]}` (or a list) for a categorical."""
 
     type: Literal["float", "int", "categorical"] | None = None
     """How to sample; default: the field's own type (bool and Literal fields: categorical over all values)."""
@@ -150,7 +144,7 @@ class Pruner:
 class Plots:
     """Figures drawn by analysis.sweep_plots."""
 
-    pair: list[str] = field(default_factory=list)
+    pair: list[str] = dataclasses.field(default_factory=list)
     """The two search-space keys of the 2-D plot (default: the first two numeric axes)."""
 
 
@@ -172,7 +166,7 @@ class SweepFile:
     """Free text for reports."""
     base: str | None = None
     """Train config YAML every trial starts from, relative to this file."""
-    set: dict[str, Any] = field(default_factory=dict)
+    set: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Train-config overrides for every trial (dotted keys)."""
     steps: Annotated[int, Field(ge=1)] | None = None
     """Shorthand for ppo.steps (beats `set`; --set beats both)."""
@@ -182,19 +176,19 @@ class SweepFile:
     """TOTAL trials the study should hold (default 16; with the grid sampler the grid size)."""
     direction: Literal["maximize", "minimize"] = "maximize"
     """Optimization direction of the objective."""
-    first_trials: list[dict[str, Scalar]] = field(default_factory=list)
+    first_trials: list[dict[str, Scalar]] = dataclasses.field(default_factory=list)
     """Points tried first (enqueued when the study is new); keys left out are sampled."""
-    objective: Objective = field(default_factory=Objective)
+    objective: Objective = dataclasses.field(default_factory=Objective)
     """What a trial scores."""
-    sampler: Sampler = field(default_factory=Sampler)
+    sampler: Sampler = dataclasses.field(default_factory=Sampler)
     """How trials are sampled."""
-    pruner: Pruner = field(default_factory=Pruner)
+    pruner: Pruner = dataclasses.field(default_factory=Pruner)
     """How weak trials are stopped."""
-    plots: Plots = field(default_factory=Plots)
+    plots: Plots = dataclasses.field(default_factory=Plots)
     """Figures."""
 
 
-@dataclass
+@dataclasses.dataclass
 class SweepSpec:
     """A validated sweep file resolved against TrainConfig."""
 
@@ -230,8 +224,8 @@ def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[D
     """The axis with type, choices and grid filled in, each bound checked as a value of the field."""
     where = f"search_space.{key}"
     _, inner = schema.base_type(tp)
-    literal = typing.get_origin(inner) is Literal  # bool and Literal fields: categorical over all values by default
-    values = list(typing.get_args(inner)) if literal else [True, False] if inner is bool else None
+    literal = get_origin(inner) is Literal  # bool and Literal fields: categorical over all values by default
+    values = list(get_args(inner)) if literal else [True, False] if inner is bool else None
     kind = "categorical" if values else inner.__name__ if inner in (int, float) else "other"
     typ = dim.type or ("categorical" if dim.choices is not None else kind)
     if typ == "other":
@@ -303,9 +297,8 @@ def _point_problems(f: SweepFile, space: dict[str, Dimension]) -> list[str]:
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_uri: str | None = None) -> SweepSpec:
-    """Read and validate a sweep file completely, world, data and model files too; ConfigError lists
-    every problem. `overrides`: `--set` items; `sweep.<field>=v` changes the sweep file (sweep.seeds=2,
-    sweep.pruner.name=none), any other key the train config of every trial."""
+    """Validate a sweep file, its world, data and models (ConfigError lists every problem). `overrides`:
+    `--set` items; `sweep.<field>=v` changes the sweep file, any other key the train config of every trial."""
     from harness.models import preflight  # lazy: torch
 
     path = Path(path)
@@ -318,23 +311,19 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
                                for k, v in raw["search_space"].items()}
     f: SweepFile = schema.validate(SweepFile, raw, str(path))
 
-    problems: list[str] = []
-    base: dict[str, Any] = {}
-    if f.base:
-        try:
-            base = schema.read_yaml(path.resolve().parent / f.base, "base train config")
-        except ConfigError as e:
-            problems += [f"base: {p}" for p in e.problems]
+    try:
+        base = schema.read_yaml(path.resolve().parent / f.base, "base train config") if f.base else {}
+    except ConfigError as e:
+        raise ConfigError([f"{path}: base: {p}" for p in e.problems]) from None
     train_over = {k: v for k, v in over.items() if not k.startswith("sweep.")}
     # precedence: base file < set < steps < --set < --tracking-uri; the experiment is the sweep
     data = merge(merge(merge(base, f.set), {"ppo.steps": f.steps} if f.steps else {}), train_over)
     data = merge(data, {"logging.experiment": f.name})
     if tracking_uri:
         data = merge(data, {"logging.tracking_uri": tracking_uri})
-    cfg, cfg_problems = _build_config(data)
-    problems += [f"train config: {p}" for p in cfg_problems]
+    cfg, problems = _build_config(data)
     if cfg is None:
-        raise ConfigError([f"{path}: {p}" for p in problems])
+        raise ConfigError([f"{path}: train config: {p}" for p in problems])
 
     types_ = {key: tp for key, tp, *_ in schema.iter_fields(TrainConfig)}
     space: dict[str, Dimension] = {}
@@ -392,8 +381,7 @@ def _sqlite_file(url: str) -> Path | None:
 
 
 def _creation_lock(storage_url: str) -> Any:
-    """Creating a store and a study is serialized by a file lock next to a sqlite store: two sweeps
-    started at once on a fresh store race in the schema creation otherwise. Servers need none."""
+    """Serializes creating a sqlite store and study (sweeps started at once race in the schema creation)."""
     db = _sqlite_file(storage_url)
     if db is None:
         return contextlib.nullcontext()
@@ -402,8 +390,7 @@ def _creation_lock(storage_url: str) -> Any:
 
 
 def _run_lock(storage_url: str, name: str) -> Any:
-    """The study's run lock next to a sqlite store: every sweep process holds it shared while it runs,
-    so a process that gets it exclusively knows no other sweep of the study is alive."""
+    """Held shared by every sweep process of the study: one that gets it exclusively is alone (sqlite)."""
     db = _sqlite_file(storage_url)
     return filelock.ReadWriteLock(f"{db}.{name}.run.lock", is_singleton=False) if db else None
 
@@ -413,8 +400,7 @@ def _shared(lock: Any) -> Any:
 
 
 def _stale_trial(tracking_uri: str, name: str, study: Any, trial: Any) -> None:
-    """Optuna's `heartbeat_stale_trial_callback` for a trial whose worker died: its MLflow runs end
-    KILLED (tagged interrupted), and the trial is retried once with the same values."""
+    """Optuna's heartbeat_stale_trial_callback: a dead worker's MLflow runs end KILLED, its trial is retried."""
     c = tracking.client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     query = f"tags.`{keys.TAG_SWEEP}` = '{name}' and tags.`{keys.TAG_TRIAL}` = '{trial.number}'"
@@ -431,13 +417,11 @@ def make_storage(url: str, tracking_uri: str, name: str) -> Any:
     """RDBStorage with heartbeats (a dead worker's trial is failed as stale by _stale_trial). On sqlite every
     transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins only at the first write, so two
     workers could both read a queued trial as WAITING and both run it."""
-    engine_kwargs = ({"connect_args": {"timeout": SQLITE_TIMEOUT_S, "isolation_level": None}}
+    engine_kwargs = ({"connect_args": {"timeout": 600, "isolation_level": None}}
                      if url.startswith("sqlite") else {"pool_pre_ping": True})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(
-            url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
-            heartbeat_stale_trial_callback=functools.partial(_stale_trial, tracking_uri, name))
+    on_stale = functools.partial(_stale_trial, tracking_uri, name)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=20, grace_period=120,
+                                         heartbeat_stale_trial_callback=on_stale)
     if url.startswith("sqlite"):
         sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     return storage
@@ -451,10 +435,8 @@ def make_sampler(spec: SweepSpec, seed_offset: int = 0) -> Any:
         return optuna.samplers.GridSampler({k: d.grid for k, d in spec.space.items()}, seed=seed)
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials,
-                                          multivariate=s.multivariate, constant_liar=True)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials, multivariate=s.multivariate,
+                                      constant_liar=True)
 
 
 def make_pruner(spec: SweepSpec) -> Any:
@@ -471,7 +453,8 @@ def make_pruner(spec: SweepSpec) -> Any:
 
 def open_study(spec: SweepSpec, storage_url: str, seed_offset: int = 0) -> tuple[Any, Any]:
     """(study, its storage): create the study (named after the sweep) or load it to continue."""
-    with _creation_lock(storage_url):
+    quiet = warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning)
+    with _creation_lock(storage_url), quiet:  # heartbeats and multivariate TPE are experimental in Optuna
         storage = make_storage(storage_url, spec.tracking_uri, spec.name)
         study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.direction,
                                     sampler=make_sampler(spec, seed_offset), pruner=make_pruner(spec),
@@ -778,10 +761,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n== sweep {spec.name}: {c['counted']} trials finished, {c['interrupted']} interrupted, "
           f"{c['running']} running elsewhere ==")
     if best:
-        collapsed = " (collapsed)" if best.user_attrs.get("collapsed") else ""
-        print(f"best trial {best.number}: {spec.metric} = {best.value:.6g} ({spec.direction}){collapsed}")
-        for k, v in best.params.items():
-            print(f"  {k} = {_fmt(v)}")
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in best.params.items())
+        print(f"best trial {best.number}: {spec.metric} = {best.value:.6g} ({spec.direction}) at {params}"
+              + (" (collapsed)" if best.user_attrs.get("collapsed") else ""))
     else:
         print("no completed trial yet")
     print(f"MLflow parent run {result['parent_run_id']} in {redact(spec.tracking_uri)}")
