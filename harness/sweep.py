@@ -38,7 +38,6 @@ from pydantic import Field, FiniteFloat, model_validator
 from harness import config, keys, schema, tracking
 from harness.config import TrainConfig, from_dict, merge
 from harness.schema import ConfigError, section
-from harness.tracking import redact
 
 ATTR_OUTCOME = "outcome"  # trial user attr, set once a trial reached an outcome
 ATTR_SWEEP = "sweep"  # study user attr: the resolved sweep (space, objective, ...) that analysis reads
@@ -90,7 +89,7 @@ class Dimension:
 
 @section
 class Objective:
-    """What a trial scores (see the module doc): mean of `metric` over a run's last `last_steps` steps."""
+    """What a trial scores: the mean over its seeds of `metric` averaged over a run's last `last_steps` steps."""
 
     metric: str = "auto"
     """A step metric from harness/keys.py; auto = objective/gold_score on the world, else objective/rm_score."""
@@ -462,7 +461,7 @@ def open_study(spec: SweepSpec, storage_url: str, seed_offset: int = 0) -> tuple
     stored = study.direction.name.lower()
     if stored != spec.direction:
         raise ConfigError([f"{spec.path}: direction: got {spec.direction!r} but study {spec.name!r} in "
-                           f"{redact(storage_url)} was created with {stored!r}; allowed: {stored!r} "
+                           f"{tracking.redact(storage_url)} was created with {stored!r}; allowed: {stored!r} "
                            "(or a new sweep name)"])
     return study, storage
 
@@ -626,14 +625,14 @@ def _worker(spec: SweepSpec, storage_url: str, parent_run_id: str, target: int, 
 def _parent_run(spec: SweepSpec, study: Any, storage_url: str) -> str:
     """The study's MLflow parent run in this tracking store (reopened when continuing)."""
     uri, f = spec.tracking_uri, spec.file
-    runs, store = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {}), redact(uri)
+    runs, store = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {}), tracking.redact(uri)
     if runs.get(store):
         with contextlib.suppress(Exception):  # deleted meanwhile: start a new one
             tracking.reopen_run(uri, runs[store])
             return runs[store]
     run_id = tracking.start_run(uri, spec.name, run_name=f"sweep {spec.name}", tags={
         keys.TAG_ROLE: "parent", keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,
-        "harness.optuna_storage": redact(storage_url), keys.TAG_COMMIT: tracking.git_commit(),
+        "harness.optuna_storage": tracking.redact(storage_url), keys.TAG_COMMIT: tracking.git_commit(),
         "harness.sweep_file": str(spec.path)})
     tracking.log_params(uri, run_id, {
         "sweep.direction": f.direction, "sweep.objective": spec.metric,
@@ -669,9 +668,9 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     target = spec.trials + counts["interrupted"]  # interrupted trials are made up
     remaining = spec.trials - counts["counted"] - counts["running"]  # queued trials are run by these workers
     n_workers = max(0, min(workers, remaining))
-    print(f"[sweep {spec.name}] study in {redact(storage_url)}: {counts['counted']} finished, {counts['running']} "
-          f"running, {counts['interrupted']} interrupted; target {spec.trials} total -> running {max(0, remaining)} "
-          f"now with {n_workers} worker(s)", flush=True)
+    print(f"[sweep {spec.name}] study in {tracking.redact(storage_url)}: {counts['counted']} finished, "
+          f"{counts['running']} running, {counts['interrupted']} interrupted; target {spec.trials} total -> running "
+          f"{max(0, remaining)} now with {n_workers} worker(s)", flush=True)
     cpus = max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None
     threads = threads or spec.base_config.get("threads") or cpus
     args = (spec, storage_url, parent_run_id, target)
@@ -766,9 +765,9 @@ def main(argv: list[str] | None = None) -> int:
               + (" (collapsed)" if best.user_attrs.get("collapsed") else ""))
     else:
         print("no completed trial yet")
-    print(f"MLflow parent run {result['parent_run_id']} in {redact(spec.tracking_uri)}")
-    print(f"plots and tables (masked passwords given again): python -m analysis.sweep_plots {spec.name} "
-          f"--tracking-uri {redact(spec.tracking_uri)} --storage {redact(result['storage_url'])}")
+    print(f"MLflow parent run {result['parent_run_id']} in {tracking.redact(spec.tracking_uri)}")
+    print(f"plots and tables: python -m analysis.sweep_plots {spec.name} "  # a masked secret is given again
+          f"--tracking-uri {tracking.redact(spec.tracking_uri)} --storage {tracking.redact(result['storage_url'])}")
     # Failed, pruned and collapsed trials are results (exit 0); a dead worker process is not.
     return 1 if result["worker_errors"] else 0
 
