@@ -203,7 +203,7 @@ def test_plots_cli_masks_the_storage_password_in_its_errors(tmp_path, capsys):
 # ---------------------------------------------------------------------------- end to end (tiny world)
 @pytest.mark.slow
 def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, tiny_world, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # reports/<name>/ of the plots CLI
+    monkeypatch.chdir(tmp_path)  # results/<name>/ of the plots CLI
     path = write_sweep(tmp_path, tiny_world, "de_sweep", trials=4)
     assert sweep.main(cli(tmp_path, path)) == 0
     out = capsys.readouterr().out
@@ -240,7 +240,7 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
     assert sweep_plots.main(["de_sweep", "--tracking-uri", uri(tmp_path)]) == 0
     art = {a.path for a in MlflowClient(uri(tmp_path)).list_artifacts(parent_id, "sweep")}
     assert {"sweep/sweep_history.png", "sweep/sweep_pair.png", "sweep/sweep_trials.csv"} <= art
-    assert json.loads((tmp_path / "reports" / "de_sweep" / "sweep_best.json").read_text())["best"]["number"] in range(4)
+    assert json.loads((tmp_path / "results" / "de_sweep" / "sweep_best.json").read_text())["best"]["number"] in range(4)
     s = sweep_plots.sweep_summary(path, uri(tmp_path), out_dir=tmp_path / "summary")
     assert len(s["table"]) == 4 and s["best"]["value"] == pytest.approx(study.best_value)
     assert all(Path(f).is_file() and f.endswith(".png") for f in s["figures"]) and len(s["figures"]) >= 3
