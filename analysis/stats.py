@@ -1,26 +1,24 @@
 """The statistics behind every verdict: per-seed summaries in, a stated test with an interval out.
 
 A claim compares per-seed numbers (one number per run, `harness.summary.reduce_run`) of two
-variants, or checks one variant against a fixed value. The test is chosen for small n (5-10 seeds)
-and makes no normality assumption:
+variants, or checks one variant against a fixed value. The tests suit small n (5-10 seeds):
 
 - **Two variants** (`compare`): exact two-sided permutation test of the difference of means
-  (every relabelling of the pooled seeds when there are at most `EXACT_LIMIT` of them, else a
-  seeded Monte-Carlo sample). The confidence interval of the difference is the set of shifts d for
-  which the test of (a - d) vs b does not reject (test inversion), so the interval and the p-value
-  always agree: "inconclusive" exactly when the interval holds 0.
+  (every relabelling of the pooled seeds up to `EXACT_LIMIT` of them, else a seeded Monte-Carlo
+  sample). The interval is the set of shifts d for which the test of (a - d) vs b does not reject
+  (test inversion), so interval and p-value always agree.
 - **One variant vs a value** (`compare_to`): one-sample t-test and t-interval (an exact sign-flip
-  test cannot reject at 0.05 with 5 seeds).
-- **Effect size**: Hedges' g (the standardized mean difference with the small-sample correction).
-- **Power limit** (`min_detectable`): the difference that a two-sided level-alpha test detects with
-  80% power at these n and this spread (normal approximation): smaller differences can go unseen.
-- **Censored collapse steps**: a run that never collapsed is censored at the step budget; comparing
-  min(collapse step, budget) is the restricted mean survival time (RMST) comparison, the standard
-  treatment when every censoring happens at the same horizon (`censor`).
-- **Proportions** (`proportion_ci`): Clopper-Pearson interval for k of n runs (e.g. collapsed).
+  test cannot reject at 0.05 with 5 seeds: its smallest p-value is 2/32).
+- **A rate vs 1/2** (`rate_vs_half`): exact one-sided binomial test; Clopper-Pearson interval at
+  level 1 - 2 alpha, which lies beyond 1/2 exactly when the one-sided test rejects.
+- **Effect size**: Hedges' g = (mean_a - mean_b) / s_pooled * (1 - 3 / (4 (n_a + n_b) - 9)).
+- **Power limit** (`min_detectable`): (z_{1-alpha/2} + z_power) * sd * sqrt(1/n_a + 1/n_b), the
+  difference a level-alpha test finds with 80% power (normal approximation).
+- **Censored collapse steps** (`censor`): a run that never collapsed counts as the step budget;
+  comparing min(collapse step, budget) is the restricted mean survival time (RMST) comparison.
 
-Verdicts: `reproduced` when the interval lies wholly on the claimed side, `contradicted` when
-wholly on the other side, else `inconclusive`.
+Verdicts: reproduced when the interval lies wholly on the claimed side, not reproduced when wholly
+on the other side, else inconclusive; always inconclusive below MIN_SEEDS values per group.
 """
 from __future__ import annotations
 
@@ -30,14 +28,16 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy.stats import binomtest
+from scipy.stats import t as student_t
 
 ALPHA = 0.05
 POWER = 0.8
 EXACT_LIMIT = 200_000  # relabellings enumerated exactly up to this many
 MC_SAMPLES = 20_000
-MIN_SEEDS = 5  # below this a verdict is "inconclusive (n < 5)" whatever the data say
+MIN_SEEDS = 5  # below this a verdict is "inconclusive" whatever the data say
 
-REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -46,51 +46,42 @@ class Comparison:
 
     n_a: int
     n_b: int
+    """Size of the second group (0: one group against a value)."""
+    statistic: str
+    """What `estimate` is, in words (e.g. "mean difference")."""
     estimate: float
-    """mean(a) - mean(b) (two variants) or mean(a) - value (one variant)."""
     ci_low: float
     ci_high: float
     p_value: float
     effect_size: float
-    """Hedges' g (two variants) or the mean difference in sds of a (one variant)."""
+    """Hedges' g (two groups), (mean - value) / sd (one group), Cohen's h (a rate vs 1/2)."""
     min_detectable: float
     """Smallest |difference| detectable with 80% power at these n and spread (NaN when unknown)."""
     verdict: str
     test: str
     """The test, in words, for the report."""
+    level: float = 1 - ALPHA
+    """Confidence level of the interval."""
 
     def describe(self) -> str:
-        return (f"diff {self.estimate:+.3g}, {int((1 - ALPHA) * 100)}% CI [{self.ci_low:.3g}, {self.ci_high:.3g}], "
-                f"p = {self.p_value:.3g}, g = {self.effect_size:.2f}, n = {self.n_a}"
-                + (f" vs {self.n_b}" if self.n_b else "")
-                + (f"; differences below {self.min_detectable:.2g} would go undetected"
-                   if math.isfinite(self.min_detectable) else ""))
-
-
-def _clean(x) -> np.ndarray:
-    v = np.asarray([float(t) for t in x], dtype=float)
-    return v[np.isfinite(v)]
+        n = f"{self.n_a}" + (f" vs {self.n_b}" if self.n_b else "")
+        power = f"; below {self.min_detectable:.2g} undetectable" if math.isfinite(self.min_detectable) else ""
+        return (f"{self.statistic} {self.estimate:+.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, {self.ci_high:.3g}], "
+                f"p = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
 
 
 def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Boolean masks (rows) choosing k of n items: all of them, or a seeded sample."""
-    total = math.comb(n, k)
-    if total <= EXACT_LIMIT:
-        rows = np.zeros((total, n), dtype=bool)
-        for r, idx in enumerate(itertools.combinations(range(n), k)):
-            rows[r, list(idx)] = True
-        return rows
-    rows = np.zeros((MC_SAMPLES, n), dtype=bool)
-    for r in range(MC_SAMPLES):
-        rows[r, rng.choice(n, size=k, replace=False)] = True
-    return rows
+    combos = itertools.combinations(range(n), k) if math.comb(n, k) <= EXACT_LIMIT else (
+        rng.choice(n, size=k, replace=False) for _ in range(MC_SAMPLES))
+    rows = [np.isin(np.arange(n), list(idx)) for idx in combos]
+    return np.array(rows, dtype=bool)
 
 
 def _two_sample_p(a: np.ndarray, b: np.ndarray, masks: np.ndarray) -> float:
     pooled = np.concatenate([a, b])
-    k = len(a)
     sums = masks @ pooled
-    diffs = sums / k - (pooled.sum() - sums) / len(b)
+    diffs = sums / len(a) - (pooled.sum() - sums) / len(b)
     observed = a.mean() - b.mean()
     # a small tolerance so that float rounding never splits ties
     return float(np.mean(np.abs(diffs) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
@@ -132,54 +123,56 @@ def min_detectable(sd: float, n_a: int, n_b: int | None = None, alpha: float = A
     if not math.isfinite(sd) or n_a < 2:
         return math.nan
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    se = sd * math.sqrt(1 / n_a + (1 / n_b if n_b else 0.0))
-    return z * se
+    return z * sd * math.sqrt(1 / n_a + (1 / n_b if n_b else 0.0))
 
 
-def _verdict(lo: float, hi: float, expect: str, n_min: int) -> str:
+def _verdict(lo: float, hi: float, expect: str, n_min: int, margin: float = math.nan) -> str:
     if n_min < MIN_SEEDS:
         return INCONCLUSIVE
     if expect == "greater":
-        return REPRODUCED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
+        return REPRODUCED if lo > 0 else NOT_REPRODUCED if hi < 0 else INCONCLUSIVE
     if expect == "less":
-        return REPRODUCED if hi < 0 else CONTRADICTED if lo > 0 else INCONCLUSIVE
-    if expect == "equal":  # "hard to tell apart": reproduced when no difference is found
-        return CONTRADICTED if lo > 0 or hi < 0 else REPRODUCED
+        return REPRODUCED if hi < 0 else NOT_REPRODUCED if lo > 0 else INCONCLUSIVE
+    if expect == "equal":  # alike: no difference found, and the interval rules out any beyond the margin
+        return NOT_REPRODUCED if lo > 0 or hi < 0 else REPRODUCED if (hi - lo) / 2 < margin else INCONCLUSIVE
     raise ValueError(f"expect: got {expect!r}; allowed: 'greater', 'less', 'equal'")
 
 
-def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0) -> Comparison:
-    """Is mean(a) greater (less) than mean(b)? Permutation test and its inverted interval."""
+def _clean(x) -> np.ndarray:
+    v = np.asarray([float(t) for t in x], dtype=float)
+    return v[np.isfinite(v)]
+
+
+def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0, margin: float = math.nan) -> Comparison:
+    """Is mean(a) greater (less) than mean(b), or (expect "equal") within `margin` of it?
+    Permutation test and its inverted interval."""
     a, b = _clean(a), _clean(b)
+    test = "exact permutation test of the difference of means, CI by test inversion"
+    if expect == "equal":
+        test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
     if len(a) == 0 or len(b) == 0:
-        return Comparison(len(a), len(b), math.nan, math.nan, math.nan, math.nan, math.nan, math.nan,
-                          INCONCLUSIVE, "no data")
-    rng = np.random.default_rng(seed)
-    masks = _labelings(len(a) + len(b), len(a), rng)
+        nan = math.nan
+        return Comparison(len(a), len(b), "mean difference", nan, nan, nan, nan, nan, nan, INCONCLUSIVE, "no data")
+    masks = _labelings(len(a) + len(b), len(a), np.random.default_rng(seed))
     est = float(a.mean() - b.mean())
-    p = _two_sample_p(a, b, masks)
     spread = float(np.concatenate([a - a.mean(), b - b.mean()]).std()) or abs(est) or 1.0
     lo, hi = _invert(lambda d: _two_sample_p(a - d, b, masks), est, spread, alpha)
-    sd = math.sqrt((a.var(ddof=1) * (len(a) - 1) + b.var(ddof=1) * (len(b) - 1)) / max(len(a) + len(b) - 2, 1)) \
+    sd = math.sqrt((a.var(ddof=1) * (len(a) - 1) + b.var(ddof=1) * (len(b) - 1)) / (len(a) + len(b) - 2)) \
         if len(a) > 1 and len(b) > 1 else math.nan
-    return Comparison(len(a), len(b), est, lo, hi, p, hedges_g(a, b), min_detectable(sd, len(a), len(b), alpha),
-                      _verdict(lo, hi, expect, min(len(a), len(b))),
-                      "two-sided exact permutation test of the difference of means; CI by test inversion")
+    return Comparison(len(a), len(b), "mean difference", est, lo, hi, _two_sample_p(a, b, masks), hedges_g(a, b),
+                      min_detectable(sd, len(a), len(b), alpha), _verdict(lo, hi, expect, min(len(a), len(b)), margin),
+                      test)
 
 
 def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -> Comparison:
-    """Is mean(a) greater (less) than a fixed value? One-sample t-test and its interval.
-
-    (A sign-flip permutation test cannot reject at level 0.05 two-sided with 5 seeds: its smallest
-    p-value is 2/32. The t-interval is the standard choice for a mean of a few seeds.)"""
-    from scipy.stats import t as student_t
-
+    """Is mean(a) greater (less) than a fixed value? One-sample t-test and its interval."""
     a = _clean(a)
+    test = f"one-sample t-test of the mean against {value:g}"
     if len(a) < 2:
-        return Comparison(len(a), 0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, INCONCLUSIVE,
-                          "one-sample t-test: needs at least 2 runs")
-    est = float(a.mean() - value)
-    sd = float(a.std(ddof=1))
+        nan = math.nan
+        return Comparison(len(a), 0, f"mean − {value:g}", nan, nan, nan, nan, nan, nan, INCONCLUSIVE,
+                          test + ": needs at least 2 runs")
+    est, sd = float(a.mean() - value), float(a.std(ddof=1))
     se = sd / math.sqrt(len(a))
     if se == 0:
         lo = hi = est
@@ -189,8 +182,24 @@ def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -
         lo, hi = est - q * se, est + q * se
         p = float(2 * student_t.sf(abs(est) / se, len(a) - 1))
     g = est / sd if sd else math.copysign(math.inf, est) if est else 0.0
-    return Comparison(len(a), 0, est, lo, hi, p, g, min_detectable(sd, len(a), None, alpha),
-                      _verdict(lo, hi, expect, len(a)), f"two-sided one-sample t-test of the mean against {value:g}")
+    return Comparison(len(a), 0, f"mean − {value:g}", est, lo, hi, p, g, min_detectable(sd, len(a), None, alpha),
+                      _verdict(lo, hi, expect, len(a)), test)
+
+
+def rate_vs_half(k: int, n: int, expect: str = "greater", what: str = "rate", alpha: float = ALPHA) -> Comparison:
+    """Is the rate k/n above (below) 1/2? Exact one-sided binomial test, Clopper-Pearson interval
+    at level 1 - 2 alpha; the test names the smallest count that decides at this n."""
+    side = "greater" if expect == "greater" else "less"
+    decides = [j for j in range(n + 1) if binomtest(j, n, 0.5, alternative=side).pvalue < alpha] if n else []
+    need = (f"decides at ≥ {min(decides)}/{n}" if side == "greater" else f"at ≤ {max(decides)}/{n}") if decides \
+        else f"cannot decide with n = {n}"
+    test = f"exact one-sided binomial test of {what} {'>' if side == 'greater' else '<'} 1/2 ({need})"
+    if n == 0:
+        return Comparison(0, 0, what, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, INCONCLUSIVE, test)
+    lo, hi = proportion_ci(k, n, 2 * alpha)
+    h = 2 * math.asin(math.sqrt(k / n)) - math.pi / 2  # Cohen's h against 1/2
+    return Comparison(n, 0, what, k / n, lo, hi, binomtest(k, n, 0.5, alternative=side).pvalue, h, math.nan,
+                      _verdict(lo - 0.5, hi - 0.5, side, n), test, level=1 - 2 * alpha)
 
 
 def censor(collapse_steps, budget: float) -> np.ndarray:
@@ -199,26 +208,9 @@ def censor(collapse_steps, budget: float) -> np.ndarray:
                      for s in collapse_steps], dtype=float)
 
 
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
-
-
-def _solve(f, target: float, increasing: bool) -> float:
-    """p in [0, 1] with f(p) = target for f monotone in p (bisection)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if (f(mid) < target) == increasing:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def proportion_ci(k: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     """Clopper-Pearson (exact binomial) two-sided interval for k successes in n trials."""
     if n == 0:
         return math.nan, math.nan
-    lo = 0.0 if k == 0 else _solve(lambda p: 1 - _binom_cdf(k - 1, n, p), alpha / 2, increasing=True)
-    hi = 1.0 if k == n else _solve(lambda p: _binom_cdf(k, n, p), alpha / 2, increasing=False)
-    return lo, hi
+    ci = binomtest(k, n).proportion_ci(1 - alpha, method="exact")
+    return float(ci.low), float(ci.high)
