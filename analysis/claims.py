@@ -2,25 +2,16 @@
 
     python -m analysis.claims ABLATION [--tracking-uri URI] [--out results/]
 
-Each claim is the paper's (with its section) or ours; its rule is one of harness.registry.RULES.
-Every run becomes one number (harness.summary.reduce_run: final, rise, ...), then per rule:
-- compare: exact permutation test that mean(higher) - mean(lower) > 0, CI by test inversion. On
-  metric collapse/step it compares restricted mean survival times: a run's collapse step, a run
-  that never collapsed censored at the step budget (the longest run's last step).
-- trend: compare on each neighbour pair along `axis`.
-- threshold: one-sample t-test of the mean against `value` (each variant when none is named).
-- similar: each pair's permutation CI; reproduced when it holds 0 and its half-width is below
-  SIMILAR_MARGIN x the larger |mean|, not reproduced when it excludes 0, else inconclusive.
-- collapses: exact one-sided binomial test that the share of collapsed runs is above 1/2
-  (expected: false: below).
-- pairs_above_chance (per reward model; n = held-out pairs, so within-run sampling only): the same
-  binomial test on the share of pairs with chosen - rejected > 0.
-- eval_scores_shift (seeds pooled; n = held-out scores): permutation test of the last eval step
-  against the first on the scores (what: mean) or on the absolute deviations from each step's
-  median (what: sd; the Brown-Forsythe test of spread).
-A claim with several parts is reproduced when every part is (an intersection-union test: no
-multiplicity correction is needed), not reproduced when any part is. Fewer than stats.MIN_SEEDS
-values per group, a missing variant or metric: inconclusive, with the reason.
+Every run becomes one number (harness.summary.reduce_run), then per rule (harness.registry.RULES):
+compare and each neighbour pair of a trend: permutation test of mean(higher) - mean(lower) > 0 (on
+metric collapse/step: RMST, a run that never collapsed censored at the longest run's last step);
+threshold: one-sample t-test against `value`; similar: each pair's permutation CI holds 0 and its
+half-width is below SIMILAR_MARGIN x the larger |mean|; collapses: exact binomial test of the
+collapse rate against 1/2; pairs_above_chance (n = held-out pairs of one run): the same test on
+the share of pairs ordered right; eval_scores_shift (n = held-out scores, seeds pooled):
+permutation test of the last eval step against the first, on the scores (mean) or on |score -
+median| (sd: the Brown-Forsythe test). A claim of several tests is reproduced when every test is
+(intersection-union: no multiplicity correction needed), not reproduced when any is.
 """
 from __future__ import annotations
 
@@ -37,7 +28,6 @@ from analysis.stats import (
     INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, REPRODUCED, Comparison, censor, compare, compare_to, rate_vs_half,
 )
 from analysis.store import AblationData, default_tracking_uri, load_ablation
-from analysis.summary import run_stat
 from harness import keys as K
 from harness.registry import (
     Claim, Collapses, Compare, EvalScoresShift, PairsAboveChance, Similar, Threshold, Trend, UnknownAblation,
@@ -80,11 +70,10 @@ def _values(data: AblationData, rule: Any, variant: str) -> np.ndarray:
         steps = [r.collapse_step if r.collapse_step == r.collapse_step else last.get(r.run_id) if r.collapsed else None
                  for r in runs.itertuples()]
         return censor(steps, float(last.max()))
-    metric = data.shown_metric(rule.metric)  # the perplexity the figure shows
-    per_run = run_stat(data.metrics(metric), metric, rule.stat)
+    per_run = data.per_run(rule.metric, rule.stat)  # the perplexity the figure shows
     values = per_run.loc[per_run["variant"] == variant, "value"].to_numpy()
     if not len(values):
-        raise Unjudged(f"{metric} not logged by {variant!r}")
+        raise Unjudged(f"{data.shown_metric(rule.metric)} not logged by {variant!r}")
     return values
 
 
@@ -192,13 +181,12 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
     `numbers` holds every part; source is 'paper <section>' or 'ours'."""
     rows = []
     for claim in data.spec.claims if claims is None else claims:
-        parts, reason = [], "no runs in the store" if data.runs.empty else ""
         try:
-            parts = EVALUATE[type(claim.rule)](claim.rule, data) if not reason else []
+            if data.runs.empty:
+                raise Unjudged("no runs in the store")
+            parts, reason = EVALUATE[type(claim.rule)](claim.rule, data), ""
         except Unjudged as e:
-            reason = str(e)
-        if not parts:
-            reason = reason or "no runs"
+            parts, reason = [], str(e)
         c = min((c for _, c in parts), key=lambda c: (RANK[c.verdict], -np.nan_to_num(c.p_value)), default=None)
         if c is not None and c.verdict == INCONCLUSIVE and 0 < min(c.n_a, c.n_b or c.n_a) < MIN_SEEDS:
             reason = f"fewer than {MIN_SEEDS} runs per variant: no verdict"

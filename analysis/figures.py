@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib import colormaps, rc_context
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -29,7 +30,6 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from analysis.store import AblationData, default_tracking_uri, load_ablation
-from analysis.summary import seed_band
 from harness import keys as K
 from harness import tracking
 from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, RegistryError, UnknownAblation
@@ -60,6 +60,19 @@ STYLE = {
     "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5,
 }
 WIN_RATE_AXIS = f"{K.EVAL_WIN_RATE} (right axis)"
+
+
+def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataFrame:
+    """Per (variant, step): mean, std, min, max and n over seeds of one metric, each run smoothed
+    first (trailing rolling mean over smooth_k logged steps). Steps a seed did not reach (it
+    stopped early) average over the seeds that did. Band = min-max: with 2-3 seeds an sd is a guess."""
+    m = metrics[metrics["metric"] == metric].sort_values(["run_id", "step"])
+    if m.empty:
+        return pd.DataFrame(columns=["variant", "step", "mean", "std", "min", "max", "n"])
+    k = max(int(smooth_k or 1), 1)
+    m = m.assign(value=m.groupby("run_id")["value"].transform(lambda s: s.rolling(k, min_periods=1).mean()))
+    out = m.groupby(["variant", "step"])["value"].agg(["mean", "std", "min", "max", "count"])
+    return out.rename(columns={"count": "n"}).reset_index()
 
 
 def grid_shape(n: int) -> tuple[int, int]:

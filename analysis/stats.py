@@ -1,24 +1,19 @@
-"""The statistics behind every verdict: per-seed summaries in, a stated test with an interval out.
+"""The statistics behind every verdict: per-seed summaries in (one number per run,
+`harness.summary.reduce_run`), a stated test with an interval out. The tests suit small n:
 
-A claim compares per-seed numbers (one number per run, `harness.summary.reduce_run`) of two
-variants, or checks one variant against a fixed value. The tests suit small n (5-10 seeds):
-
-- **Two variants** (`compare`): exact two-sided permutation test of the difference of means
-  (every relabelling of the pooled seeds up to `EXACT_LIMIT` of them, else a seeded Monte-Carlo
-  sample). The interval is the set of shifts d for which the test of (a - d) vs b does not reject
-  (test inversion), so interval and p-value always agree.
-- **One variant vs a value** (`compare_to`): one-sample t-test and t-interval (an exact sign-flip
-  test cannot reject at 0.05 with 5 seeds: its smallest p-value is 2/32).
-- **A rate vs 1/2** (`rate_vs_half`): exact one-sided binomial test; Clopper-Pearson interval at
-  level 1 - 2 alpha, which lies beyond 1/2 exactly when the one-sided test rejects.
-- **Effect size**: Hedges' g = (mean_a - mean_b) / s_pooled * (1 - 3 / (4 (n_a + n_b) - 9)).
-- **Power limit** (`min_detectable`): (z_{1-alpha/2} + z_power) * sd * sqrt(1/n_a + 1/n_b), the
-  difference a level-alpha test finds with 80% power (normal approximation).
-- **Censored collapse steps** (`censor`): a run that never collapsed counts as the step budget;
-  comparing min(collapse step, budget) is the restricted mean survival time (RMST) comparison.
-
+- two groups (`compare`): exact two-sided permutation test of the difference of means (every
+  relabelling up to EXACT_LIMIT, else a seeded Monte-Carlo sample); the interval is the set of
+  shifts d for which (a - d) vs b is not rejected (test inversion), so interval and p-value agree;
+- one group vs a value (`compare_to`): one-sample t-test and t-interval (an exact sign-flip test
+  cannot reject at 0.05 with 5 seeds: its smallest p-value is 2/32);
+- a rate vs 1/2 (`rate_vs_half`): exact one-sided binomial test, Clopper-Pearson interval at level
+  1 - 2 alpha (beyond 1/2 exactly when the test rejects);
+- effect size: Hedges' g = (mean_a - mean_b) / s_pooled * (1 - 3 / (4 (n_a + n_b) - 9));
+- power limit (`min_detectable`): (z_{1-alpha/2} + z_power) * sd * sqrt(1/n_a + 1/n_b);
+- censored collapse steps (`censor`): min(collapse step, budget), the restricted mean survival
+  time (RMST) comparison when every run is censored at the same budget.
 Verdicts: reproduced when the interval lies wholly on the claimed side, not reproduced when wholly
-on the other side, else inconclusive; always inconclusive below MIN_SEEDS values per group.
+on the other, else inconclusive; always inconclusive below MIN_SEEDS values per group.
 """
 from __future__ import annotations
 

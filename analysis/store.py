@@ -23,6 +23,7 @@ from harness.registry import (
     STANDARD_PANELS, Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry,
 )
 from harness.schema import did_you_mean
+from harness.summary import reduce_run
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
 RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "start_time", "figure",
@@ -182,6 +183,12 @@ class AblationData:
             self._cache["metric", k] = loaded[loaded["metric"] == k]
         parts = [self._cache["metric", k] for k in keys if not self._cache["metric", k].empty]
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=METRIC_COLUMNS)
+
+    def per_run(self, key: str, stat: str) -> pd.DataFrame:
+        """Per run: run_id, variant, seed, value = `stat` (harness.summary.reduce_run) of the shown `key`."""
+        metric = self.shown_metric(key)
+        m = self.metrics(metric).sort_values("step")
+        return m.groupby(["run_id", "variant", "seed"])["value"].agg(lambda v: reduce_run(v.to_numpy(), stat)).reset_index()
 
     def rm_score_diffs(self, variant: str) -> np.ndarray:
         """Chosen-minus-rejected RM scores on held-out pairs (world artifact rm_score_diff.json), seeds pooled."""

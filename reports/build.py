@@ -40,9 +40,10 @@ from analysis.claims import check_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED
 from analysis.store import AblationData, ablations_in_store, default_tracking_uri, find_runs, load_ablation
-from analysis.summary import final_peak_table
+from harness import keys as K
 from harness import provenance, tracking
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
+from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
 from harness.tracking import redact
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
@@ -254,6 +255,26 @@ def metrics_table(df: pd.DataFrame, st) -> Table:
     return table([list(df.columns)] + df.astype(str).values.tolist(), widths, st)
 
 
+def final_peak_table(data: AblationData) -> pd.DataFrame:
+    """One row per variant: "mean ± sd over seeds" for TRAIN_TABLE (WORLD_TABLE for world
+    ablations; harness.summary, as the runner's end-of-grid table), plus `collapsed` ("k/n (mean
+    step)", train only). Columns without data anywhere are dropped (e.g. gold on HH-RLHF)."""
+    world = data.spec.kind == "world"
+    columns = WORLD_TABLE if world else TRAIN_TABLE
+    if not world and data.shown_metric(K.PPL) == K.PPL_TOKENS:
+        columns = [("final ppl (token-pooled)", K.PPL_TOKENS, s) if m == K.PPL else (h, m, s) for h, m, s in columns]
+    data.metrics(sorted({m for _, m, _ in columns}))  # one load for all columns
+    table = pd.DataFrame({"variant": data.variants})
+    for header, metric, stat in columns:
+        if not (per_run := data.per_run(metric, stat)).empty:
+            table[header] = [fmt_mean_sd(describe(per_run.loc[per_run["variant"] == v, "value"])) for v in data.variants]
+    if not world:  # reward-model runs do not collapse
+        table["collapsed"] = [f"{g['collapsed'].sum()}/{len(g)}" + (
+            f" (step {fmt(g['collapse_step'].mean())})" if g["collapse_step"].notna().any() else "")
+            for g in (data.runs[data.runs["variant"] == v] for v in data.variants)]
+    return table
+
+
 def claims_flowables(sec: Section, st) -> list:
     """The claims table (claim, the rule and its test, the deciding test's numbers, verdict), then
     what these seeds can detect: per claim, the smallest difference the test finds with 80% power."""
@@ -297,7 +318,7 @@ def samples_flowables(sec: Section, st) -> list:
             head += " — COLLAPSED" + (f" at step {int(run.collapse_step)}" if pd.notna(run.collapse_step) else "")
         rows = [["prompt", "response", "RM / gold / length"]]
         for r in rows_v.head(SAMPLES_PER_VARIANT).itertuples():
-            scores = " / ".join("–" if x is None or pd.isna(x) else f"{float(x):.3g}" for x in (r.rm_score, r.gold_score, r.length))
+            scores = " / ".join(fmt(x) for x in (r.rm_score, r.gold_score, r.length))
             rows.append([P(_clip(r.prompt, 200), st["mono"]), P(_clip(r.response), st["mono"]), scores])
         out.append(KeepTogether([P(head, st["h3"]), table(rows, [0.25, 0.57, 0.18], st)]))
     return out
@@ -319,7 +340,7 @@ def sweep_flowables(sec: Section, st) -> list:
         cols, step = list(shown.columns), SWEEP_COLS_PER_TABLE - 1
         for i in range(0, max(len(cols) - 1, 1), step):  # wide tables split, the first column repeated in each
             group = cols[:1] + cols[1:][i:i + step]
-            rows = [group] + shown[group].map(lambda x: f"{x:.4g}" if isinstance(x, float) else str(x)).values.tolist()
+            rows = [group] + shown[group].map(lambda x: fmt(x, 4) if isinstance(x, float) else str(x)).values.tolist()
             out += [table(rows, [1 / len(group)] * len(group), st), Spacer(1, 0.3 * cm)]
     return out
 

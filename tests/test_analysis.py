@@ -17,10 +17,10 @@ from analysis import claims as C
 from analysis.figures import draw_ablation, figure_panels, legend_columns, make_figures
 from analysis.figures import main as figures_main
 from analysis.store import find_runs, load_ablation, resolve_spec
-from analysis.summary import final_peak_table
 from analysis.synthetic import Curve, write_ablation, write_world_ablation
 from harness import keys as K
 from harness import tracking
+from reports.build import final_peak_table
 from harness.registry import (
     Claim, EvalScoresShift, PairsAboveChance, UnknownAblation, ablation_names, find_ablation, load_registry,
 )
