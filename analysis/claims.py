@@ -201,11 +201,9 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m analysis.claims",
-        description="Check the paper's claims for an ablation against its runs in the MLflow store; prints one "
-                    "verdict per claim (reproduced / not reproduced / inconclusive) with its test and numbers.",
-    )
+    ap = argparse.ArgumentParser(prog="python -m analysis.claims", description=(
+        "Check the paper's claims for an ablation against its runs in the MLflow store; prints one verdict per "
+        "claim (reproduced / not reproduced / inconclusive) with its test and numbers."))
     ap.add_argument("ablation", help="registry name or YAML path (its `claims:` are checked)")
     ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")

@@ -54,11 +54,9 @@ LEGEND_HANDLE_IN = 0.55  # line handle plus column gap
 PANEL_HEIGHT_IN = 2.1
 MAX_RIDGES = 10
 LOG_SCALE_PANELS = {K.PPL, K.PPL_TOKENS, K.PPL_REF}
-STYLE = {
-    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8,
-    "ytick.labelsize": 8, "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False,
-    "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5,
-}
+STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
+         "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+         "grid.alpha": 0.3, "grid.linewidth": 0.5}
 WIN_RATE_AXIS = f"{K.EVAL_WIN_RATE} (right axis)"
 
 
@@ -89,7 +87,8 @@ def figure_panels(data: AblationData) -> list[str]:
     panels = list(data.spec.panels)
     if K.RM_SCORE in panels and K.EVAL_WIN_RATE in panels:
         panels.remove(K.EVAL_WIN_RATE)  # drawn on the reward panel's right axis, as in the paper
-    if K.RM_SCORE in panels and K.GOLD_SCORE not in panels and any(K.GOLD_SCORE in k for k in data.metric_keys()):
+    gold = any(K.GOLD_SCORE in k for k in data.runs["metric_keys"])
+    if K.RM_SCORE in panels and K.GOLD_SCORE not in panels and gold:
         panels.insert(panels.index(K.RM_SCORE) + 1, K.GOLD_SCORE)
     if K.PPL in panels and K.PPL_TOKENS not in panels:
         panels[panels.index(K.PPL)] = data.shown_metric(K.PPL)
@@ -312,12 +311,10 @@ def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, o
         tracking.log_file_artifacts(data.tracking_uri, logged, paths, artifact_path="figures")
     return FigureOutput(data, drawn, paths, logged)
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m analysis.figures",
-        description="Draw an ablation's paper-style figure from the MLflow store: one panel per metric, "
-                    "one line per variant (mean over seeds, min-max band), collapse markers. Writes "
-                    "OUT/<ablation>/figure.png and .pdf and logs them to the ablation's newest parent run.",
-    )
+    ap = argparse.ArgumentParser(prog="python -m analysis.figures", description=(
+        "Draw an ablation's paper-style figure from the MLflow store: one panel per metric, one line per variant "
+        "(mean over seeds, min-max band), collapse markers. Writes OUT/<ablation>/figure.png and .pdf and logs "
+        "them to the ablation's newest parent run."))
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
     ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps per run (default 1 = raw)")
@@ -336,12 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     except LookupError as e:  # no runs
         print(e)
         return 1
-    d = res.data
-    print(f"{d.name}: {len(d.runs)} runs, variants: {', '.join(d.variants) or '(none)'}")
-    if d.missing_variants:
-        print(f"  registry variants without runs: {', '.join(d.missing_variants)}")
-    for p in res.paths:
-        print(f"  wrote {p}")
+    print(f"{data.name}: {len(data.runs)} runs, variants: {', '.join(data.variants) or '(none)'}")
+    if data.missing_variants:
+        print(f"  registry variants without runs: {', '.join(data.missing_variants)}")
+    print("\n".join(f"  wrote {p}" for p in res.paths))
     print(f"  logged to parent run {res.logged_to}" if res.logged_to else "  not logged (no parent run or --no-log)")
     return 0
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy.optimize import bisect
 from scipy.stats import binomtest
 from scipy.stats import t as student_t
 
@@ -58,6 +59,11 @@ class Comparison:
     level: float = 1 - ALPHA
     """Confidence level of the interval."""
 
+    @classmethod
+    def undecided(cls, n_a: int, statistic: str, test: str, n_b: int = 0) -> "Comparison":
+        """No test possible (no data, or too little): every number NaN, inconclusive."""
+        return cls(n_a, n_b, statistic, *[math.nan] * 6, INCONCLUSIVE, test)
+
     def describe(self) -> str:
         n = f"{self.n_a}" + (f" vs {self.n_b}" if self.n_b else "")
         power = f"; below {self.min_detectable:.2g} undetectable" if math.isfinite(self.min_detectable) else ""
@@ -83,34 +89,31 @@ def _two_sample_p(a: np.ndarray, b: np.ndarray, masks: np.ndarray) -> float:
 
 
 def _invert(p_at, center: float, scale: float, alpha: float) -> tuple[float, float]:
-    """Interval of shifts d with p_at(d) > alpha, found by bisection on each side of `center`."""
+    """Interval of shifts d with p_at(d) > alpha: on each side of `center`, double the step until the
+    test rejects, then bisect for the edge (+1 inside, -1 outside)."""
     def edge(direction: float) -> float:
-        inside, step = center, max(scale, 1e-12)
-        outside = center + direction * step
-        for _ in range(60):  # widen until the test rejects
-            if p_at(outside) <= alpha:
-                break
-            inside, outside = outside, center + direction * (step := step * 2)
-        else:
-            return direction * math.inf
+        step = max(scale, 1e-12)
         for _ in range(60):
-            mid = 0.5 * (inside + outside)
-            if p_at(mid) > alpha:
-                inside = mid
-            else:
-                outside = mid
-        return inside
+            if p_at(center + direction * step) <= alpha:
+                inside = lambda d: 1.0 if p_at(center + direction * d) > alpha else -1.0  # noqa: E731
+                return center + direction * bisect(inside, 0.0, step, xtol=1e-12 * step)
+            step *= 2
+        return direction * math.inf
     return edge(-1.0), edge(1.0)
 
 
-def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = len(a), len(b)
-    if na < 2 or nb < 2:
+def _pooled_sd(a: np.ndarray, b: np.ndarray) -> float:
+    """sqrt(((n_a - 1) s_a^2 + (n_b - 1) s_b^2) / (n_a + n_b - 2)); NaN below 2 values in a group."""
+    if len(a) < 2 or len(b) < 2:
         return math.nan
-    sp = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
+    return math.sqrt(((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (len(a) + len(b) - 2))
+
+
+def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
+    sp, diff = _pooled_sd(a, b), a.mean() - b.mean()
     if sp == 0:
-        return math.copysign(math.inf, a.mean() - b.mean()) if a.mean() != b.mean() else 0.0
-    return (a.mean() - b.mean()) / sp * (1 - 3 / (4 * (na + nb) - 9))
+        return math.copysign(math.inf, diff) if diff else 0.0
+    return diff / sp * (1 - 3 / (4 * (len(a) + len(b)) - 9))
 
 
 def min_detectable(sd: float, n_a: int, n_b: int | None = None, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -146,16 +149,13 @@ def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0, 
     if expect == "equal":
         test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
     if len(a) == 0 or len(b) == 0:
-        nan = math.nan
-        return Comparison(len(a), len(b), "mean difference", nan, nan, nan, nan, nan, nan, INCONCLUSIVE, "no data")
+        return Comparison.undecided(len(a), "mean difference", test + ": no data", len(b))
     masks = _labelings(len(a) + len(b), len(a), np.random.default_rng(seed))
     est = float(a.mean() - b.mean())
     spread = float(np.concatenate([a - a.mean(), b - b.mean()]).std()) or abs(est) or 1.0
     lo, hi = _invert(lambda d: _two_sample_p(a - d, b, masks), est, spread, alpha)
-    sd = math.sqrt((a.var(ddof=1) * (len(a) - 1) + b.var(ddof=1) * (len(b) - 1)) / (len(a) + len(b) - 2)) \
-        if len(a) > 1 and len(b) > 1 else math.nan
     return Comparison(len(a), len(b), "mean difference", est, lo, hi, _two_sample_p(a, b, masks), hedges_g(a, b),
-                      min_detectable(sd, len(a), len(b), alpha), _verdict(lo, hi, expect, min(len(a), len(b)), margin),
+                      min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), _verdict(lo, hi, expect, min(len(a), len(b)), margin),
                       test)
 
 
@@ -164,9 +164,7 @@ def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -
     a = _clean(a)
     test = f"one-sample t-test of the mean against {value:g}"
     if len(a) < 2:
-        nan = math.nan
-        return Comparison(len(a), 0, f"mean − {value:g}", nan, nan, nan, nan, nan, nan, INCONCLUSIVE,
-                          test + ": needs at least 2 runs")
+        return Comparison.undecided(len(a), f"mean − {value:g}", test + ": needs at least 2 runs")
     est, sd = float(a.mean() - value), float(a.std(ddof=1))
     se = sd / math.sqrt(len(a))
     if se == 0:
@@ -190,7 +188,7 @@ def rate_vs_half(k: int, n: int, expect: str = "greater", what: str = "rate", al
         else f"cannot decide with n = {n}"
     test = f"exact one-sided binomial test of {what} {'>' if side == 'greater' else '<'} 1/2 ({need})"
     if n == 0:
-        return Comparison(0, 0, what, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, INCONCLUSIVE, test)
+        return Comparison.undecided(0, what, test)
     lo, hi = proportion_ci(k, n, 2 * alpha)
     h = 2 * math.asin(math.sqrt(k / n)) - math.pi / 2  # Cohen's h against 1/2
     return Comparison(n, 0, what, k / n, lo, hi, binomtest(k, n, 0.5, alternative=side).pvalue, h, math.nan,

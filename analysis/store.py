@@ -27,7 +27,7 @@ from harness.summary import reduce_run
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
 RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "start_time", "figure",
-               "git_commit", "experiment"]
+               "git_commit", "experiment", "metric_keys"]
 METRIC_COLUMNS = ["run_id", "variant", "seed", "metric", "step", "value"]
 SAMPLE_COLUMNS = ["variant", "seed", "run_id", "step", "collapsed", "prompt", "response", "rm_score", "gold_score",
                   "length"]
@@ -65,6 +65,7 @@ def _run_row(run, experiment: str) -> dict[str, Any]:
         "collapsed": tags.get(K.TAG_COLLAPSED, "").lower() == "true" or step is not None,
         "collapse_step": float("nan") if step is None else float(step), "start_time": run.info.start_time,
         "figure": tags.get(K.TAG_FIGURE, ""), "git_commit": tags.get(K.TAG_COMMIT, ""), "experiment": experiment,
+        "metric_keys": set(run.data.metrics),
     }
 
 
@@ -87,24 +88,6 @@ def ablations_in_store(tracking_uri: str) -> list[str]:
     c = tracking.client(tracking_uri)
     return sorted(e.name for e in c.search_experiments()
                   if len(c.search_runs([e.experiment_id], filter_string=f"tags.`{K.TAG_VARIANT}` != ''", max_results=1)))
-
-
-def load_metrics(tracking_uri: str, runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Tidy step metrics of `runs` (METRIC_COLUMNS), one row per (run, metric, step). A step logged
-    twice (a resumed run) keeps the last value. Histories are fetched on a few threads: the sqlite
-    store costs a call per key."""
-    jobs = [(r, key) for r in runs.itertuples() for key in keys]
-    if not jobs:
-        return pd.DataFrame(columns=METRIC_COLUMNS)
-    with ThreadPoolExecutor(max_workers=min(8, len(jobs))) as pool:
-        histories = pool.map(lambda job: tracking.metric_history(tracking_uri, job[0].run_id, job[1]), jobs)
-        frames = [pd.DataFrame(hist, columns=["step", "value"]).assign(run_id=r.run_id, variant=r.variant, seed=r.seed,
-                                                                        metric=key)
-                  for (r, key), hist in zip(jobs, histories) if hist]
-    if not frames:
-        return pd.DataFrame(columns=METRIC_COLUMNS)
-    out = pd.concat(frames, ignore_index=True).drop_duplicates(["run_id", "metric", "step"], keep="last")
-    return out[METRIC_COLUMNS].sort_values(["variant", "seed", "metric", "step"]).reset_index(drop=True)
 
 
 def _json_by_step(tracking_uri: str, run_id: str, folder: str, stem: str) -> dict[int, Any]:
@@ -162,27 +145,29 @@ class AblationData:
     def run_ids(self, variant: str) -> list[str]:
         return list(self.runs.loc[self.runs["variant"] == variant, "run_id"])
 
-    def metric_keys(self) -> list[set[str]]:
-        """The metric keys each run logged."""
-        c = tracking.client(self.tracking_uri)
-        return self._cached("keys", lambda: [set(c.get_run(rid).data.metrics) for rid in self.runs["run_id"]])
-
     def shown_metric(self, key: str) -> str:
         """The key that figures, tables and claims read for `key`: the token-pooled perplexity
         stands in for the per-sample one (which spikes on single unlikely responses) when every
         run logged it, so one figure never mixes the two."""
-        keys = self.metric_keys()
-        return K.PPL_TOKENS if key == K.PPL and keys and all(K.PPL_TOKENS in k for k in keys) else key
+        every = not self.runs.empty and all(K.PPL_TOKENS in k for k in self.runs["metric_keys"])
+        return K.PPL_TOKENS if key == K.PPL and every else key
 
     def metrics(self, keys: list[str] | str) -> pd.DataFrame:
-        """Tidy frame (METRIC_COLUMNS) of the given metric keys over all runs."""
+        """Tidy step metrics (METRIC_COLUMNS) of the given keys over all runs, one row per (run,
+        metric, step); a step logged twice (a resumed run) keeps the last value. Histories are
+        fetched on a few threads (the sqlite store costs a call per key) and cached."""
         keys = [keys] if isinstance(keys, str) else list(keys)
-        todo = [k for k in keys if ("metric", k) not in self._cache]
-        loaded = load_metrics(self.tracking_uri, self.runs, todo)
-        for k in todo:
-            self._cache["metric", k] = loaded[loaded["metric"] == k]
-        parts = [self._cache["metric", k] for k in keys if not self._cache["metric", k].empty]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=METRIC_COLUMNS)
+        jobs = [(r, k) for k in keys if ("metric", k) not in self._cache for r in self.runs.itertuples()]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            histories = pool.map(lambda job: tracking.metric_history(self.tracking_uri, job[0].run_id, job[1]), jobs)
+            for (r, k), hist in zip(jobs, histories):
+                self._cache.setdefault(("metric", k), []).append(pd.DataFrame(hist, columns=["step", "value"]).assign(
+                    run_id=r.run_id, variant=r.variant, seed=r.seed, metric=k))
+        frames = [f for k in keys for f in self._cache.get(("metric", k), []) if not f.empty]
+        if not frames:
+            return pd.DataFrame(columns=METRIC_COLUMNS)
+        out = pd.concat(frames, ignore_index=True).drop_duplicates(["run_id", "metric", "step"], keep="last")
+        return out[METRIC_COLUMNS].sort_values(["variant", "seed", "metric", "step"]).reset_index(drop=True)
 
     def per_run(self, key: str, stat: str) -> pd.DataFrame:
         """Per run: run_id, variant, seed, value = `stat` (harness.summary.reduce_run) of the shown `key`."""

@@ -1,11 +1,8 @@
-"""One number per run, and mean ± sd over seeds: the reductions behind every final/peak table
-(the runner's end-of-grid table and the report's, reports.build.final_peak_table), so a heading means
-the same thing everywhere.
-
-- final: mean over the last FINAL_TAIL fraction of a run's logged steps (at least one step),
-  so one noisy last batch does not decide a verdict; initial: the same over the first steps;
-  rise = final - initial;
-- peak: the largest logged value; min, mean, last: as named; volatility: std of step-to-step changes.
+"""One number per run, and mean ± sd over seeds, behind every final/peak table (the runner's
+end-of-grid table and reports.build.final_peak_table), so a heading means the same everywhere.
+final: mean over the last FINAL_TAIL of a run's logged steps (at least one step), so one noisy
+last batch does not decide a verdict; initial: the same over the first steps; rise = final -
+initial; peak: the largest value; min, mean, last: as named; volatility: std of step-to-step changes.
 """
 from __future__ import annotations
 

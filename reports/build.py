@@ -456,12 +456,10 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m reports.build",
-        description="Build PDF reports from the MLflow store: OUT/<ablation>/report.pdf per ablation and "
-                    f"OUT/{COMBINED} with all (title page, grid, figure, final/peak metrics, claims with "
-                    "verdicts, sample responses; sweep sections for sweep YAMLs).",
-    )
+    ap = argparse.ArgumentParser(prog="python -m reports.build", description=(
+        f"Build PDF reports from the MLflow store: OUT/<ablation>/report.pdf per ablation and OUT/{COMBINED} with "
+        "all (title page, grid, figure, final/peak metrics, claims with verdicts, sample responses; sweep sections "
+        "for sweep YAMLs)."))
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
                     help="registry names or YAML paths (default: every ablation in the registry and the store)")
     ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
