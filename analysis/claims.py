@@ -40,7 +40,8 @@ STAT_WORDS = {"rise": "rise (final − initial) of", "volatility": "step-to-step
 METRIC_WORDS = {
     K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity", K.LENGTH: "length",
     K.VALUES: "values", K.ADV_RAW_STD: "raw advantage std", K.RM_EVAL_ACC: "RM eval accuracy",
-    K.RM_TRAIN_ACC: "RM train accuracy", K.EVAL_WIN_RATE: "win rate vs SFT", K.COLLAPSE_STEP: "collapse step",
+    K.RM_TRAIN_ACC: "RM train accuracy", K.EVAL_WIN_RATE: "win rate vs SFT",
+    K.COLLAPSE_STEP: "collapse step (RMST: a run that never collapsed counts as the step budget)",
 }
 Part = tuple[str, Comparison]
 """One test of a claim: its label (the groups and their mean ± sd) and its outcome."""
@@ -51,9 +52,8 @@ class Unjudged(Exception):
 
 
 def _words(rule: Any) -> str:
-    if rule.metric == K.COLLAPSE_STEP:
-        return "collapse step (RMST, never-collapsed runs at the step budget)"
-    return f"{STAT_WORDS.get(rule.stat, rule.stat)} {METRIC_WORDS.get(rule.metric, rule.metric)}"
+    stat = "" if rule.metric == K.COLLAPSE_STEP else f"{STAT_WORDS.get(rule.stat, rule.stat)} "
+    return stat + METRIC_WORDS.get(rule.metric, rule.metric)
 
 
 def _runs(data: AblationData, variant: str) -> pd.DataFrame:
@@ -86,10 +86,6 @@ def _pair(rule: Any, data: AblationData, lower: str, higher: str) -> Part:
     return f"{_ms(higher, hi)} vs {_ms(lower, lo)}", compare(hi, lo, "greater")
 
 
-def _compare(rule: Compare, data: AblationData) -> list[Part]:
-    return [_pair(rule, data, rule.lower, rule.higher)]
-
-
 def _trend(rule: Trend, data: AblationData) -> list[Part]:
     found = [n for _, n in sorted((float(v.settings[rule.axis]), v.name) for v in data.spec.variants
                                   if rule.axis in v.settings and v.name in data.variants)]
@@ -119,10 +115,10 @@ def _similar(rule: Similar, data: AblationData) -> list[Part]:
 def _collapses(rule: Collapses, data: AblationData) -> list[Part]:
     runs = _runs(data, rule.variant)
     k, n = int(runs["collapsed"].sum()), len(runs)
-    steps = sorted(runs["collapse_step"].dropna())
+    steps = ", ".join(fmt(s) for s in sorted(runs["collapse_step"].dropna()))
     failed = int(runs["status"].eq("FAILED").sum())
-    label = (f"{rule.variant}: {k}/{n} seeds collapsed" + (f" (steps {', '.join(fmt(s) for s in steps)})" if steps else "")
-             + (f"; {failed} run(s) FAILED" if failed else ""))
+    label = f"{rule.variant}: {k}/{n} seeds collapsed" + (f" (steps {steps})" if steps else "") + (
+        f"; {failed} run(s) FAILED" if failed else "")
     return [(label, rate_vs_half(k, n, "greater" if rule.expected else "less", "collapse rate"))]
 
 
@@ -166,8 +162,9 @@ RULE_TEXT: dict[type, Callable[[Any], str]] = {
 }
 """Each rule kind (harness.registry.RULES) in words."""
 EVALUATE: dict[type, Callable[[Any, AblationData], list[Part]]] = {
-    Compare: _compare, Similar: _similar, Trend: _trend, Threshold: _threshold, Collapses: _collapses,
-    PairsAboveChance: _pairs_above_chance, EvalScoresShift: _eval_scores_shift,
+    Compare: lambda r, data: [_pair(r, data, r.lower, r.higher)], Similar: _similar, Trend: _trend,
+    Threshold: _threshold, Collapses: _collapses, PairsAboveChance: _pairs_above_chance,
+    EvalScoresShift: _eval_scores_shift,
 }
 """Each rule kind's tests."""
 RANK = {NOT_REPRODUCED: 0, INCONCLUSIVE: 1, REPRODUCED: 2}

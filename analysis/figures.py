@@ -2,14 +2,10 @@
 
     python -m analysis.figures ABLATION [--tracking-uri URI] [--smooth K] [--out results/]
 
-One panel per metric over training steps (panels and order from the ablation's YAML), one line
-per variant = mean over seeds, a shaded min-max band over seeds, an X where a run's collapse was
-detected (metric collapse/step, else the run's last step when only the tag harness.collapsed=true
-says so). A "Gold reward" panel follows the reward panel when the runs log it; a win-rate panel
-beside a reward panel moves onto its right axis (Fig. 4). Special panels: rm_score_diff_hist
-(Fig. 2), rm_accuracy (Fig. 3), eval_rm_score_hist (Fig. 13, one ridge per eval step, one panel
-per variant). Writes OUT/<ablation>/figure.png and .pdf, sized for a printed A4/Letter page at
-full text width, and logs both to the ablation's newest parent run (artifact folder figures/).
+One panel per metric (the YAML's panels, see `figure_panels`), one line per variant = mean over
+seeds, a min-max band over seeds, an X where a run's collapse was detected; special panels for
+Figs. 2, 3 and 13. Writes OUT/<ablation>/figure.png and .pdf, sized for a printed A4/Letter page
+at full text width, and logs both to the ablation's newest parent run (artifact folder figures/).
 """
 from __future__ import annotations
 
@@ -61,9 +57,8 @@ WIN_RATE_AXIS = f"{K.EVAL_WIN_RATE} (right axis)"
 
 
 def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataFrame:
-    """Per (variant, step): mean, std, min, max and n over seeds of one metric, each run smoothed
-    first (trailing rolling mean over smooth_k logged steps). Steps a seed did not reach (it
-    stopped early) average over the seeds that did. Band = min-max: with 2-3 seeds an sd is a guess."""
+    """Per (variant, step): mean, std, min, max, n over seeds, each run first smoothed (trailing mean
+    over smooth_k steps); a step some seed did not reach averages the seeds that did."""
     m = metrics[metrics["metric"] == metric].sort_values(["run_id", "step"])
     if m.empty:
         return pd.DataFrame(columns=["variant", "step", "mean", "std", "min", "max", "n"])
@@ -150,7 +145,8 @@ def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> 
     right.grid(False)
     right.spines["right"].set_visible(True)
     for v, b in band.groupby("variant"):
-        right.plot(b["step"], b["mean"], color=colors[v], lw=1.1, ls="--", marker=".", ms=3, label=f"{v}: win rate vs SFT")
+        right.plot(b["step"], b["mean"], color=colors[v], lw=1.1, ls="--", marker=".", ms=3,
+                   label=f"{v}: win rate vs SFT")
     right.set_ylim(0, 1)
     right.set_ylabel("Win rate vs SFT (dashed)")
     return right
@@ -195,8 +191,8 @@ def draw_eval_rm_score_hist(ax: Axes, data: AblationData, variant: str | None) -
     by_step = data.eval_rm_scores(variant or (data.variants or [None])[0])
     if not by_step:
         return _no_data(ax, f"{K.EVAL_SCORES_DIR}/rm_scores_step_*.json")
-    all_steps = sorted(by_step)
-    steps = [all_steps[i] for i in np.unique(np.round(np.linspace(0, len(all_steps) - 1, MAX_RIDGES)).astype(int))]
+    steps = sorted(by_step)
+    steps = [steps[i] for i in np.unique(np.round(np.linspace(0, len(steps) - 1, MAX_RIDGES)).astype(int))]
     edges = np.histogram_bin_edges(np.concatenate([by_step[s] for s in steps]), bins=50)
     centers = (edges[:-1] + edges[1:]) / 2
     for i, s in enumerate(steps):
@@ -219,14 +215,13 @@ class DrawnFigure:
 
 
 def draw_ablation(data: AblationData, smooth_k: int = 1, panels: list[str] | None = None) -> DrawnFigure:
-    """Draw every panel of the ablation into one Figure; returns the Figure and its Axes by panel
-    so callers (and tests) can inspect lines per variant."""
+    """Every panel in one Figure; the Axes by panel let callers (and tests) inspect lines per variant."""
     panels = panels or figure_panels(data)
     rows, cols = grid_shape(len(panels))
     colors = {v: colormaps["tab10"](i % 10) for i, v in enumerate(data.variants)}
-    tall = len(panels) == 1 and panels[0].startswith(EVAL_RM_SCORE_HIST)
+    height = 4.2 if len(panels) == 1 and panels[0].startswith(EVAL_RM_SCORE_HIST) else PANEL_HEIGHT_IN * rows + 0.2
     with rc_context(STYLE):
-        fig = Figure(figsize=(FIG_WIDTH_IN, (4.2 if tall else PANEL_HEIGHT_IN * rows + 0.2) + 0.9), layout="constrained")
+        fig = Figure(figsize=(FIG_WIDTH_IN, height + 0.9), layout="constrained")
         grid = fig.subplots(rows, cols, squeeze=False).ravel()
         axes: dict[str, Axes] = dict(zip(panels, grid))
         for panel, ax in list(axes.items()):
@@ -251,8 +246,7 @@ def draw_ablation(data: AblationData, smooth_k: int = 1, panels: list[str] | Non
 
 
 def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes], smooth_k: int) -> None:
-    """One legend under the panels: variant names as in the paper's legend, then what the band
-    and markers mean."""
+    """One legend under the panels: variant names as in the paper's, then what band and markers mean."""
     metric_panels = [p for p in axes if p.split(":")[0] not in SPECIAL_PANELS]
     handles = [Line2D([], [], color=colors[v], lw=2, label=v) for v in data.variants]
     if RM_ACCURACY in axes and not metric_panels and RM_SCORE_DIFF_HIST not in axes:

@@ -73,10 +73,12 @@ class Comparison:
 
 def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Boolean masks (rows) choosing k of n items: all of them, or a seeded sample."""
-    combos = itertools.combinations(range(n), k) if math.comb(n, k) <= EXACT_LIMIT else (
-        rng.choice(n, size=k, replace=False) for _ in range(MC_SAMPLES))
-    rows = [np.isin(np.arange(n), list(idx)) for idx in combos]
-    return np.array(rows, dtype=bool)
+    if math.comb(n, k) > EXACT_LIMIT:
+        return rng.permuted(np.tile(np.arange(n) < k, (MC_SAMPLES, 1)), axis=1)
+    idx = np.array(list(itertools.combinations(range(n), k)), dtype=int).reshape(-1, k)
+    rows = np.zeros((len(idx), n), dtype=bool)
+    rows[np.arange(len(idx))[:, None], idx] = True
+    return rows
 
 
 def _two_sample_p(a: np.ndarray, b: np.ndarray, masks: np.ndarray) -> float:
@@ -154,9 +156,9 @@ def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0, 
     est = float(a.mean() - b.mean())
     spread = float(np.concatenate([a - a.mean(), b - b.mean()]).std()) or abs(est) or 1.0
     lo, hi = _invert(lambda d: _two_sample_p(a - d, b, masks), est, spread, alpha)
+    verdict = _verdict(lo, hi, expect, min(len(a), len(b)), margin)
     return Comparison(len(a), len(b), "mean difference", est, lo, hi, _two_sample_p(a, b, masks), hedges_g(a, b),
-                      min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), _verdict(lo, hi, expect, min(len(a), len(b)), margin),
-                      test)
+                      min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), verdict, test)
 
 
 def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -> Comparison:
@@ -167,13 +169,9 @@ def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -
         return Comparison.undecided(len(a), f"mean − {value:g}", test + ": needs at least 2 runs")
     est, sd = float(a.mean() - value), float(a.std(ddof=1))
     se = sd / math.sqrt(len(a))
-    if se == 0:
-        lo = hi = est
-        p = 0.0 if est else 1.0
-    else:
-        q = float(student_t.ppf(1 - alpha / 2, len(a) - 1))
-        lo, hi = est - q * se, est + q * se
-        p = float(2 * student_t.sf(abs(est) / se, len(a) - 1))
+    q = float(student_t.ppf(1 - alpha / 2, len(a) - 1))
+    lo, hi = est - q * se, est + q * se
+    p = float(2 * student_t.sf(abs(est) / se if se else math.inf if est else 0.0, len(a) - 1))
     g = est / sd if sd else math.copysign(math.inf, est) if est else 0.0
     return Comparison(len(a), 0, f"mean − {value:g}", est, lo, hi, p, g, min_detectable(sd, len(a), None, alpha),
                       _verdict(lo, hi, expect, len(a)), test)

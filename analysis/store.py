@@ -9,6 +9,7 @@ runs (tag harness.role=world) of the `world` experiment, one variant per run nam
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,34 +76,31 @@ def find_runs(tracking_uri: str, ablation: str, *, world_fallback: bool = False,
     rows = [_run_row(r, ablation) for r in _search(tracking_uri, ablation, f"tags.`{K.TAG_VARIANT}` != ''")
             if r.data.tags.get(K.TAG_ROLE) != "parent" and r.data.tags.get(K.TAG_ABLATION, ablation) == ablation]
     if not rows and world_fallback and ablation != WORLD_EXPERIMENT:
-        rows = [_run_row(r, WORLD_EXPERIMENT) for r in _search(tracking_uri, WORLD_EXPERIMENT, f"tags.`{K.TAG_ROLE}` = 'world'")]
+        world = _search(tracking_uri, WORLD_EXPERIMENT, f"tags.`{K.TAG_ROLE}` = 'world'")
+        rows = [_run_row(r, WORLD_EXPERIMENT) for r in world]
     runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
     if dedupe:
-        runs = runs.assign(finished=runs["status"].eq("FINISHED")).sort_values(["finished", "start_time"], ascending=False)
+        runs = runs.assign(finished=runs["status"].eq("FINISHED"))
+        runs = runs.sort_values(["finished", "start_time"], ascending=False)
         runs = runs.drop_duplicates(["variant", "seed"]).drop(columns="finished").sort_values(["variant", "seed"])
     return runs.reset_index(drop=True)
 
 
 def ablations_in_store(tracking_uri: str) -> list[str]:
     """Experiment names that hold runs with a harness.variant tag (what `find_runs` can read)."""
-    c = tracking.client(tracking_uri)
+    c, tagged = tracking.client(tracking_uri), f"tags.`{K.TAG_VARIANT}` != ''"
     return sorted(e.name for e in c.search_experiments()
-                  if len(c.search_runs([e.experiment_id], filter_string=f"tags.`{K.TAG_VARIANT}` != ''", max_results=1)))
+                  if len(c.search_runs([e.experiment_id], tagged, max_results=1)))
 
 
 def _json_by_step(tracking_uri: str, run_id: str, folder: str, stem: str) -> dict[int, Any]:
-    """Step -> content of the run's `folder/{stem}XXXXXX.json` artifacts; an artifact store that
-    lost a file reads as no artifact."""
-    out = {}
+    """Step -> content of the run's `folder/{stem}XXXXXX.json` artifacts (a lost folder: none)."""
     try:
-        paths = [a.path for a in tracking.client(tracking_uri).list_artifacts(run_id, folder) if not a.is_dir]
+        artifacts = tracking.client(tracking_uri).list_artifacts(run_id, folder)
     except Exception:
-        return out
-    for p in paths:
-        tail = Path(p).stem.removeprefix(stem)
-        if Path(p).stem.startswith(stem) and p.endswith(".json") and tail.isdigit():
-            out[int(tail)] = _json(tracking_uri, run_id, p)
-    return dict(sorted(out.items()))
+        return {}
+    found = {int(m[1]): a.path for a in artifacts if (m := re.fullmatch(rf"{stem}(\d+)\.json", Path(a.path).name))}
+    return {step: _json(tracking_uri, run_id, found[step]) for step in sorted(found)}
 
 
 def _json(tracking_uri: str, run_id: str, path: str) -> Any:
@@ -153,9 +151,8 @@ class AblationData:
         return K.PPL_TOKENS if key == K.PPL and every else key
 
     def metrics(self, keys: list[str] | str) -> pd.DataFrame:
-        """Tidy step metrics (METRIC_COLUMNS) of the given keys over all runs, one row per (run,
-        metric, step); a step logged twice (a resumed run) keeps the last value. Histories are
-        fetched on a few threads (the sqlite store costs a call per key) and cached."""
+        """Tidy step metrics (METRIC_COLUMNS) of the keys over all runs; a step logged twice (a resumed
+        run) keeps the last value. Fetched on a few threads (the sqlite store costs a call per key)."""
         keys = [keys] if isinstance(keys, str) else list(keys)
         jobs = [(r, k) for k in keys if ("metric", k) not in self._cache for r in self.runs.itertuples()]
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -173,7 +170,8 @@ class AblationData:
         """Per run: run_id, variant, seed, value = `stat` (harness.summary.reduce_run) of the shown `key`."""
         metric = self.shown_metric(key)
         m = self.metrics(metric).sort_values("step")
-        return m.groupby(["run_id", "variant", "seed"])["value"].agg(lambda v: reduce_run(v.to_numpy(), stat)).reset_index()
+        per_run = m.groupby(["run_id", "variant", "seed"])["value"].agg(lambda v: reduce_run(v.to_numpy(), stat))
+        return per_run.reset_index()
 
     def rm_score_diffs(self, variant: str) -> np.ndarray:
         """Chosen-minus-rejected RM scores on held-out pairs (world artifact rm_score_diff.json), seeds pooled."""

@@ -112,7 +112,7 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
             if eval_every:
                 for s in range(eval_every, steps + 1, eval_every):
                     rm = rng.normal(per_step[s][K.RM_SCORE], 0.5, 64)
-                    rm[:16] += rng.exponential(0.5 + 0.4 * min(after(s), 10), 16)  # the long tail after collapse (Fig. 13)
+                    rm[:16] += rng.exponential(0.5 + 0.4 * min(after(s), 10), 16)  # Fig. 13's long tail
                     tracking.log_json_artifact(tracking_uri, rid, {"step": s, "rm": rm.tolist(), "gold": []},
                                                f"{K.EVAL_SCORES_DIR}/rm_scores_step_{s:06d}.json")
             tracking.set_tags(tracking_uri, rid, {K.TAG_COLLAPSED: str(collapsed).lower()})

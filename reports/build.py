@@ -3,12 +3,9 @@
     python -m reports.build [ABLATION ...] [--tracking-uri URI] [--out results/] [--smooth K]
     python -m reports.build --reference     # rebuild the committed reports/ (on purpose only)
 
-Writes OUT/<ablation>/report.pdf per ablation (with its figure.png/.pdf) and OUT/harness-report.pdf
-with all of them (built only when every ablation in it has runs), OUT = results/ (ignored by git);
-`--reference` writes the committed reports/ and reports/provenance.json. Each report: a title page
-(date, git commit, machine), then per ablation the grid, the figure, final/peak metrics, the claims
-with their tests and verdicts, and sample responses; a sweep YAML gets analysis.sweep_plots'
-summary instead. Fonts: DejaVu Sans from matplotlib's data folder, so δ, η, λ print everywhere.
+Per ablation: grid, figure, final/peak metrics, claims with their tests and verdicts, samples (a
+sweep: analysis.sweep_plots' summary). Fonts: DejaVu Sans from matplotlib's data folder, so δ, η,
+λ print everywhere. Outputs and how to read them: reports/README.md.
 """
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ VERDICT_COLORS = {REPRODUCED: "#d9f2d9", NOT_REPRODUCED: "#f8d7d7", INCONCLUSIVE
 
 
 def make_styles() -> dict[str, ParagraphStyle]:
-    """Paragraph styles in DejaVu Sans (regular, bold, oblique) and Sans Mono, registered from
-    matplotlib's data folder."""
+    """Paragraph styles in DejaVu Sans and Sans Mono (registered from matplotlib's data folder)."""
     from matplotlib import get_data_path
     from reportlab.lib.fonts import addMapping
     from reportlab.pdfbase import pdfmetrics
@@ -83,18 +79,15 @@ def make_styles() -> dict[str, ParagraphStyle]:
     def style(name: str, size: float, leading: float, **kw) -> ParagraphStyle:
         return ParagraphStyle(name, parent=base, fontSize=size, leading=leading, **kw)
 
-    def heading(size: float, before: float, after: float) -> ParagraphStyle:
-        # keepWithNext: a heading never ends a page without what it heads.
-        return style(f"h{size}", size, size * 1.3, fontName="DejaVuSans-Bold", spaceBefore=before, spaceAfter=after,
-                     keepWithNext=1)
-
     return {
         "body": base, "cell": style("cell", 7.5, 9.3), "mono": style("mono", 7, 8.8, fontName="DejaVuSansMono"),
         # header cells wrap between words only (never "accura-cy"); `table` widens columns to fit
         "cellb": style("cellb", 7.5, 9.3, fontName="DejaVuSans-Bold", splitLongWords=0),
         "title": style("title", 22, 28, fontName="DejaVuSans-Bold", alignment=TA_CENTER),
         "subtitle": style("subtitle", 11, 15, alignment=TA_CENTER),
-        "h1": heading(14, 4, 6), "h2": heading(11, 10, 4), "h3": heading(9, 6, 2),
+        # keepWithNext: a heading never ends a page without what it heads
+        **{f"h{i}": style(f"h{i}", size, size * 1.3, fontName="DejaVuSans-Bold", spaceBefore=b, spaceAfter=a,
+                          keepWithNext=1) for i, (size, b, a) in enumerate([(14, 4, 6), (11, 10, 4), (9, 6, 2)], 1)},
         "note": style("note", 8, 10.5, textColor=colors.HexColor("#555555")),
     }
 
@@ -118,8 +111,7 @@ def _fit_header(rows: list[list[Any]], widths: list[float], st: dict[str, Paragr
 
 def table(rows: list[list[Any]], widths: list[float], st: dict[str, ParagraphStyle], *, header: bool = True,
           extra: list[tuple] | None = None) -> Table:
-    """Wrapping table: every cell a Paragraph, widths as fractions of the frame, header repeats
-    on each page."""
+    """Wrapping table: every cell a Paragraph, widths as fractions of the frame, header on each page."""
     cells = [[c if isinstance(c, Paragraph) else P(c, st["cellb" if header and i == 0 else "cell"]) for c in row]
              for i, row in enumerate(rows)]
     t = Table(cells, colWidths=_fit_header(rows, widths, st) if header else [w * FRAME_W for w in widths],
@@ -137,14 +129,15 @@ class FitImage(Image):
     """An image that shrinks (down to `min_scale` of its size) to fill what is left of the page
     rather than leave half a page blank; smaller than that it moves to the next page."""
 
-    def __init__(self, path: Path, max_h: float, min_scale: float = 0.8):
+    min_scale = 0.8
+
+    def __init__(self, path: Path, max_h: float):
         from reportlab.lib.utils import ImageReader
 
         w, h = ImageReader(str(path)).getSize()
         scale = min(FRAME_W / w, max_h / h)  # frame width, or smaller to fit max_h; aspect kept
         super().__init__(str(path), width=w * scale, height=h * scale)
         self.full = (w * scale, h * scale)
-        self.min_scale = min_scale
 
     def wrap(self, avail_w, avail_h):
         w, h = self.full
@@ -166,8 +159,7 @@ def figure_block(heading: str, path: Path, st) -> list:
 
 
 def machine_info(tracking_uri: str) -> dict[str, str]:
-    """What the title page records: when, which code, which machine and libraries, which store
-    (harness.provenance, the same record every run carries as tags)."""
+    """The title page's record: when, which code, machine and libraries (harness.provenance), which store."""
     cpu = provenance.cpu()
     return {
         "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
@@ -267,7 +259,7 @@ def final_peak_table(data: AblationData) -> pd.DataFrame:
     table = pd.DataFrame({"variant": data.variants})
     for header, metric, stat in columns:
         if not (per_run := data.per_run(metric, stat)).empty:
-            table[header] = [fmt_mean_sd(describe(per_run.loc[per_run["variant"] == v, "value"])) for v in data.variants]
+            table[header] = [fmt_mean_sd(describe(per_run.value[per_run.variant == v])) for v in table.variant]
     if not world:  # reward-model runs do not collapse
         table["collapsed"] = [f"{g['collapsed'].sum()}/{len(g)}" + (
             f" (step {fmt(g['collapse_step'].mean())})" if g["collapse_step"].notna().any() else "")
@@ -276,8 +268,7 @@ def final_peak_table(data: AblationData) -> pd.DataFrame:
 
 
 def claims_flowables(sec: Section, st) -> list:
-    """The claims table (claim, the rule and its test, the deciding test's numbers, verdict), then
-    what these seeds can detect: per claim, the smallest difference the test finds with 80% power."""
+    """The claims table, then per claim the smallest difference its test finds with 80% power."""
     if sec.claims.empty:
         return [P(f"{_relative(sec.spec.path) if sec.spec.path else sec.spec.name} states no claims.", st["note"])]
     rows: list[list[Any]] = [["claim", "rule; test", "numbers (every part of the rule)", "verdict"]]
@@ -362,7 +353,7 @@ def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures:
         except Exception as e:
             sec.notes.append(f"analysis.sweep_plots.sweep_summary failed: {type(e).__name__}: {e}")
         return sec
-    sec.figure_png = make_figures(data.spec, data.tracking_uri, smooth_k, out, log_to_parent=log_figures, data=data).paths[0]
+    sec.figure_png = make_figures(data.name, None, smooth_k, out, log_figures, data=data).paths[0]
     sec.metrics = final_peak_table(data)
     sec.samples = data.samples(SAMPLES_PER_VARIANT)
     sec.claims = check_claims(data)
@@ -370,9 +361,9 @@ def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures:
 
 
 def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> Path:
-    """A title page (the ablation's title when there is one section; contents when several),
-    then every section; the footer names the report and the commit."""
-    title = "Secrets of RLHF: PPO ablation report" if len(sections) != 1 else f"Ablation report: {sections[0].spec.title}"
+    """A title page (naming the ablation of a one-section report), contents, then every section."""
+    one = len(sections) == 1
+    title = f"Ablation report: {sections[0].spec.title}" if one else "Secrets of RLHF: PPO ablation report"
     story: list = [Spacer(1, 3 * cm), P(title, st["title"]), Spacer(1, 0.4 * cm),
                    P("Reproducing “Secrets of RLHF in LLMs Part I: PPO” and the APA paper with the harness",
                      st["subtitle"]), Spacer(1, 1.5 * cm), table([[k, v] for k, v in info.items()], [0.22, 0.78], st,
@@ -387,7 +378,7 @@ def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> 
     story.append(PageBreak())
     for s in sections:
         story += s.flowables(st)
-    label = "harness report" + (f" · {sections[0].spec.name}" if len(sections) == 1 else "")
+    label = "harness report" + (f" · {sections[0].spec.name}" if one else "")
 
     def footer(canvas, doc):
         canvas.saveState()
@@ -415,15 +406,14 @@ class BuildResult:
 
 def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str | Path = RESULTS, smooth_k: int = 1,
           ablations_dir: str | Path | None = None, log_figures: bool = True, reference: bool = False) -> BuildResult:
-    """Per-ablation PDFs and, when every ablation asked for has runs (and more than one was asked
-    for, or none: all of them, registry and store), the combined one. An ablation without runs is
-    skipped with a message; one that fails to build is reported (in `errors` and on stderr) and left
-    out. reference=True also writes OUT/provenance.json (code, libraries, world, runs' commits)."""
+    """Per-ablation PDFs and, when every ablation asked for (none: all, registry and store) has runs
+    and more than one was asked for, the combined one. An ablation without runs is skipped with a
+    message; one that fails is reported (`errors`, stderr) and left out. reference=True also writes
+    OUT/provenance.json (code, libraries, world, runs' commits)."""
     uri, out, st = tracking_uri or default_tracking_uri(), Path(out), make_styles()
     registry = ablation_names(ablations_dir)
     names = list(ablations) if ablations else registry + [n for n in ablations_in_store(uri) if n not in registry]
-    info = machine_info(uri)
-    sections, errors, skipped = [], {}, []
+    info, sections, errors, skipped = machine_info(uri), [], {}, []
     for name in names:
         try:
             data = load_ablation(name, uri, ablations_dir)
@@ -439,18 +429,17 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
         except Exception as e:  # keep the other ablations' reports
             errors[str(name)] = f"{type(e).__name__}: {e}"
             print(f"error: {name}: {errors[str(name)]}", file=sys.stderr)
-    sections.sort(key=lambda s: (s.spec.order is None, s.spec.order or 0, s.spec.name))  # the YAML's `order`, the paper's
+    sections.sort(key=lambda s: (s.spec.order is None, s.spec.order or 0, s.spec.name))  # the paper's order
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
-    combined = None
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
-    if sections and not skipped and not errors and (not ablations or len(sections) > 1):
-        combined = write_pdf(out / COMBINED, sections, info, st)
+    whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
+    combined = write_pdf(out / COMBINED, sections, info, st) if whole else None
     if reference:
         from harness.config import DataConfig
 
-        runs = {s.spec.name: {"runs": len(s.data.runs), "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
-                for s in sections}
-        prov = {**info, "world": provenance.world(DataConfig().world_dir), "ablations": runs}
+        prov = {**info, "world": provenance.world(DataConfig().world_dir), "ablations": {
+            s.spec.name: {"runs": len(s.data.runs), "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
+            for s in sections}}
         (out / "provenance.json").write_text(json.dumps(prov, indent=1, ensure_ascii=False) + "\n")
     return BuildResult(reports, combined, errors, skipped)
 
