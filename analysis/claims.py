@@ -130,7 +130,7 @@ def _pairs_above_chance(rule: PairsAboveChance, data: AblationData) -> list[Part
             raise Unjudged(f"{v!r} has no {K.RM_SCORE_DIFF} artifact")
         k = int((d > 0).sum())
         parts.append((f"{v}: {k}/{d.size} pairs > 0, mean diff {fmt(d.mean())}",
-                      rate_vs_half(k, d.size, "greater", "share of pairs > 0")))
+                      rate_vs_half(k, d.size, "greater", "share of pairs ordered right")))
     return parts
 
 

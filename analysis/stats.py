@@ -67,7 +67,8 @@ class Comparison:
     def describe(self) -> str:
         n = f"{self.n_a}" + (f" vs {self.n_b}" if self.n_b else "")
         power = f"; below {self.min_detectable:.2g} undetectable" if math.isfinite(self.min_detectable) else ""
-        return (f"{self.statistic} {self.estimate:+.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, {self.ci_high:.3g}], "
+        sign = "+" if "mean" in self.statistic else ""  # a difference is signed, a rate is not
+        return (f"{self.statistic} {self.estimate:{sign}.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, {self.ci_high:.3g}], "
                 f"p = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
 
 

@@ -56,9 +56,7 @@ def describe(values) -> dict[str, float]:
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{x:.{digits}g}"
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}g}"
 
 
 def fmt_mean_sd(d: dict[str, float]) -> str:

@@ -52,7 +52,10 @@ claims:
     rule: {kind: similar, metric: objective/kl, variants: ["KL penalty η=0.05", "KL penalty η=0.2"]}
   - statement: "Every η ends at the same RM score."
     source: ours
-    rule: {kind: similar, metric: objective/rm_score, variants: ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]}
+    rule:
+      kind: similar
+      metric: objective/rm_score
+      variants: ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
   - statement: "A larger η raises KL."
     source: ours
     rule: {kind: trend, metric: objective/kl, axis: ppo.kl_coef, direction: increasing}
