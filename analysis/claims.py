@@ -173,9 +173,8 @@ CLAIM_COLUMNS = ["ablation", "figure", "claim", "source", "rule", "verdict", "te
 
 
 def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.DataFrame:
-    """One row per claim of the ablation's YAML (or `claims`), CLAIM_COLUMNS. The test columns are
-    the deciding part's (the first not reproduced, else the first inconclusive, else the weakest);
-    `numbers` holds every part; source is 'paper <section>' or 'ours'."""
+    """One row per claim (CLAIM_COLUMNS); the test columns are the deciding test's (the first not
+    reproduced, else inconclusive, else the weakest), `numbers` has every test's."""
     rows = []
     for claim in data.spec.claims if claims is None else claims:
         try:
@@ -202,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         "Check the paper's claims for an ablation against its runs in the MLflow store; prints one verdict per "
         "claim (reproduced / not reproduced / inconclusive) with its test and numbers."))
     ap.add_argument("ablation", help="registry name or YAML path (its `claims:` are checked)")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
-    ap.add_argument("--out", default=None, help="also write OUT/<ablation>/claims.csv")
+    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
+    ap.add_argument("--out", help="also write OUT/<ablation>/claims.csv")
     args = ap.parse_args(argv)
     try:
         data = load_ablation(args.ablation, args.tracking_uri or default_tracking_uri(), args.ablations_dir)

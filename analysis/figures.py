@@ -28,7 +28,8 @@ from matplotlib.ticker import LogFormatter, MaxNLocator
 from analysis.store import AblationData, default_tracking_uri, load_ablation
 from harness import keys as K
 from harness import tracking
-from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, RegistryError, UnknownAblation
+from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS
+from harness.registry import RegistryError, UnknownAblation
 from harness.tracking import redact
 
 PANEL_LABELS = {
@@ -69,9 +70,8 @@ def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataF
 
 
 def grid_shape(n: int) -> tuple[int, int]:
-    """Rows, columns for n panels: 2 columns for 2, 4 and 8 panels (2x2 as a page-width
-    version of the paper's 1x4 row; Fig. 8's 2x4 becomes 4x2), else 3; at print width a panel
-    narrower than a third of the page is unreadable."""
+    """Rows, columns: 2 columns for 2, 4, 8 panels (the paper's 1x4 row as 2x2 at page width, its 2x4
+    as 4x2), else 3: at print width a panel narrower than a third of the page is unreadable."""
     cols = 1 if n <= 1 else 2 if n in (2, 4, 8) else 3
     return math.ceil(n / cols), cols
 
@@ -179,7 +179,8 @@ def draw_rm_accuracy(ax: Axes, data: AblationData, colors: dict, smooth_k: int) 
                   label=f"{part} accuracy" if len(data.variants) == 1 else f"{v} ({part})")
     ax.axhline(0.5, color="0.4", lw=0.8, ls=":", label="_chance")
     ax.set_ylim(min(0.45, ax.get_ylim()[0]), max(1.0, ax.get_ylim()[1]))
-    ax.text(0.99, 0.5, "chance ", transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7.5, color="0.4")
+    ax.text(0.99, 0.5, "chance ", transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7.5,
+            color="0.4")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RM training step")
     ax.set_ylabel("accuracy")
@@ -269,8 +270,7 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
 
 
 def legend_columns(handles: list) -> int:
-    """Up to 3 columns, fewer when the longest label would push the legend past the figure's
-    edges (Fig. 14's variant names run to ~60 characters)."""
+    """Up to 3 columns, fewer when the longest label (Fig. 14's: ~60 characters) would overflow."""
     col_in = LEGEND_CHAR_IN * max(len(h.get_label()) for h in handles) + LEGEND_HANDLE_IN
     return max(1, min(3, len(handles), int(FIG_WIDTH_IN // col_in)))
 
@@ -310,10 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         "(mean over seeds, min-max band), collapse markers. Writes OUT/<ablation>/figure.png and .pdf and logs "
         "them to the ablation's newest parent run."))
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps per run (default 1 = raw)")
+    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--smooth", type=int, default=1, metavar="K",
+                    help="rolling mean over K logged steps per run (default 1 = raw)")
     ap.add_argument("--out", default="results", help="output root; files go to OUT/<ablation>/ (default results/)")
-    ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
+    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
     args = ap.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()

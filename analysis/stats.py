@@ -68,8 +68,8 @@ class Comparison:
         n = f"{self.n_a}" + (f" vs {self.n_b}" if self.n_b else "")
         power = f"; below {self.min_detectable:.2g} undetectable" if math.isfinite(self.min_detectable) else ""
         sign = "+" if "mean" in self.statistic else ""  # a difference is signed, a rate is not
-        return (f"{self.statistic} {self.estimate:{sign}.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, {self.ci_high:.3g}], "
-                f"p = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
+        return (f"{self.statistic} {self.estimate:{sign}.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, "
+                f"{self.ci_high:.3g}], p = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
 
 
 def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -144,9 +144,8 @@ class AblationData:
         return list(self.runs.loc[self.runs["variant"] == variant, "run_id"])
 
     def shown_metric(self, key: str) -> str:
-        """The key that figures, tables and claims read for `key`: the token-pooled perplexity
-        stands in for the per-sample one (which spikes on single unlikely responses) when every
-        run logged it, so one figure never mixes the two."""
+        """What figures, tables and claims read for `key`: the token-pooled perplexity stands in for the
+        per-sample one (spiky) when every run logged it, so no figure mixes the two."""
         every = not self.runs.empty and all(K.PPL_TOKENS in k for k in self.runs["metric_keys"])
         return K.PPL_TOKENS if key == K.PPL and every else key
 
@@ -202,10 +201,8 @@ class AblationData:
 
 
 def resolve_spec(ablation: str | Path, tracking_uri: str, ablations_dir: str | Path | None = None) -> Registry:
-    """The registry entry for `ablation` (name or YAML path), read without resolving train
-    configs. A name the registry lacks but the store holds (runs logged before the YAML existed,
-    or by hand) gets a spec read off the runs' tags; otherwise UnknownAblation names the closest
-    of the registry's and the store's ablations."""
+    """The registry entry for `ablation` (name or YAML path; train configs not resolved); a name only
+    the store holds gets a spec from the runs' tags; else UnknownAblation names the closest known."""
     try:
         return load_registry(find_ablation(ablation, ablations_dir), resolve=False)
     except UnknownAblation:
@@ -225,7 +222,8 @@ def load_ablation(ablation: str | Path | Registry, tracking_uri: str | None = No
     uri = tracking_uri or default_tracking_uri()
     spec = ablation if isinstance(ablation, Registry) else resolve_spec(ablation, uri, ablations_dir)
     runs = find_runs(uri, spec.name, world_fallback=spec.kind == "world")
-    if spec.kind == "world" and len(spec.variants) == 1 and not runs.empty and set(runs["experiment"]) == {WORLD_EXPERIMENT}:
+    fallback = not runs.empty and set(runs["experiment"]) == {WORLD_EXPERIMENT}
+    if spec.kind == "world" and len(spec.variants) == 1 and fallback:
         # The fallback world runs of a one-RM figure (Fig. 3): the newest world is that RM.
         runs = runs.sort_values("start_time").tail(1).assign(variant=spec.variants[0].name).reset_index(drop=True)
     parents = _search(uri, spec.name, f"tags.`{K.TAG_ROLE}` = 'parent'")

@@ -47,11 +47,12 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
     ppl_tokens = max(1.001, 0.95 * ppl)
     length = min(LENGTH_CAP, 10 + 4 * frac + 2.0 * after) + e(5)
     m = {
-        K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens, K.PPL_REF: ppl + 0.5,
-        K.LENGTH: length, K.LENGTH_MAX: min(LENGTH_CAP, length + 4), K.FRAC_AT_CAP: 1.0 if after > 3 else 0.05,
-        K.PG_LOSS: -0.01 + e(), K.VF_LOSS: 0.2 * np.exp(-frac) + abs(e()), K.VALUES: 0.3 * reward + e(),
-        K.RETURNS: 0.35 * reward + e(), K.ADV_MEAN: e(0.5), K.ADV_STD: 1.0, K.ADV_RAW_MEAN: e(), K.ADV_RAW_STD: 0.5 + frac,
-        K.ENTROPY: 2.0 - frac + e(), K.KL_COEF: 0.05, K.APPROX_KL: 0.001 + abs(e(0.05)),
+        K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens,
+        K.PPL_REF: ppl + 0.5, K.LENGTH: length, K.LENGTH_MAX: min(LENGTH_CAP, length + 4),
+        K.FRAC_AT_CAP: 1.0 if after > 3 else 0.05, K.PG_LOSS: -0.01 + e(), K.VF_LOSS: 0.2 * np.exp(-frac) + abs(e()),
+        K.VALUES: 0.3 * reward + e(), K.RETURNS: 0.35 * reward + e(), K.ADV_MEAN: e(0.5), K.ADV_STD: 1.0,
+        K.ADV_RAW_MEAN: e(), K.ADV_RAW_STD: 0.5 + frac, K.ENTROPY: 2.0 - frac + e(), K.KL_COEF: 0.05,
+        K.APPROX_KL: 0.001 + abs(e(0.05)),
     }
     if gold:
         m[K.GOLD_SCORE] = 0.3 + 0.5 * curve.reward_slope * t - 0.2 * after + e()

@@ -126,8 +126,7 @@ def table(rows: list[list[Any]], widths: list[float], st: dict[str, ParagraphSty
 
 
 class FitImage(Image):
-    """An image that shrinks (down to `min_scale` of its size) to fill what is left of the page
-    rather than leave half a page blank; smaller than that it moves to the next page."""
+    """Shrinks (to `min_scale` at most) to fill the rest of a page rather than leave it blank, else moves on."""
 
     min_scale = 0.8
 
@@ -248,9 +247,8 @@ def metrics_table(df: pd.DataFrame, st) -> Table:
 
 
 def final_peak_table(data: AblationData) -> pd.DataFrame:
-    """One row per variant: "mean ± sd over seeds" for TRAIN_TABLE (WORLD_TABLE for world
-    ablations; harness.summary, as the runner's end-of-grid table), plus `collapsed` ("k/n (mean
-    step)", train only). Columns without data anywhere are dropped (e.g. gold on HH-RLHF)."""
+    """Per variant, mean ± sd over seeds of TRAIN_TABLE / WORLD_TABLE (harness.summary, as the runner's
+    table) and "k/n (mean step)" collapsed; columns without data anywhere (gold on HH-RLHF) dropped."""
     world = data.spec.kind == "world"
     columns = WORLD_TABLE if world else TRAIN_TABLE
     if not world and data.shown_metric(K.PPL) == K.PPL_TOKENS:
@@ -274,7 +272,8 @@ def claims_flowables(sec: Section, st) -> list:
     rows: list[list[Any]] = [["claim", "rule; test", "numbers (every part of the rule)", "verdict"]]
     extra, power = [], []
     for i, r in enumerate(sec.claims.itertuples(), start=1):
-        verdict = Paragraph(f"<b>{escape(r.verdict)}</b>" + (f"<br/>{escape(r.reason)}" if r.reason else ""), st["cell"])
+        why = f"<br/>{escape(r.reason)}" if r.reason else ""
+        verdict = Paragraph(f"<b>{escape(r.verdict)}</b>{why}", st["cell"])
         rows.append([f"{r.claim} ({r.source})", f"{r.rule}; {r.test if isinstance(r.test, str) else '–'}",
                      r.numbers or "–", verdict])
         extra.append(("BACKGROUND", (3, i), (3, i), colors.HexColor(VERDICT_COLORS[r.verdict])))
@@ -337,8 +336,7 @@ def sweep_flowables(sec: Section, st) -> list:
 
 
 def has_runs(spec: Registry, tracking_uri: str) -> bool:
-    """A train/world ablation: runs in its experiment (world: or the world build's); a sweep: its
-    experiment exists (the sweep logs its parent run there)."""
+    """Runs in its experiment (world: or the world build's); a sweep: the experiment of its parent run."""
     if spec.is_sweep:
         return tracking.client(tracking_uri).get_experiment_by_name(spec.name) is not None
     return not find_runs(tracking_uri, spec.name, world_fallback=spec.kind == "world").empty
@@ -451,17 +449,19 @@ def main(argv: list[str] | None = None) -> int:
         "for sweep YAMLs)."))
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
                     help="registry names or YAML paths (default: every ablation in the registry and the store)")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--out", default=None, help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
+    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--out", help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
     ap.add_argument("--reference", action="store_true",
                     help="rebuild the committed reference reports in reports/ and record reports/provenance.json")
-    ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps in figures (default 1 = raw)")
-    ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
+    ap.add_argument("--smooth", type=int, default=1, metavar="K",
+                    help="rolling mean over K logged steps in figures (default 1 = raw)")
+    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")
     args = ap.parse_args(argv)
     out = Path(args.out or (REFERENCE if args.reference else RESULTS))
     try:
-        res = build(args.ablations, args.tracking_uri, out, args.smooth, args.ablations_dir, not args.no_log, args.reference)
+        res = build(args.ablations, args.tracking_uri, out, args.smooth, args.ablations_dir, not args.no_log,
+                    args.reference)
     except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"combined report not built: no runs of {', '.join(res.skipped) or '-'}"
               + (f"; failed: {', '.join(res.errors)}" if res.errors else ""))
     elif res.reports:
-        print(f"combined report left as it was (one ablation named; name none, or several, to rebuild {out / COMBINED})")
+        print("combined report left as it was (one ablation named; name none, or several, to rebuild "
+              f"{out / COMBINED})")
     else:
         print("nothing to report")
     return 1 if res.errors else 0
