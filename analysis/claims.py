@@ -43,8 +43,7 @@ METRIC_WORDS = {
     K.RM_TRAIN_ACC: "RM train accuracy", K.EVAL_WIN_RATE: "win rate vs SFT",
     K.COLLAPSE_STEP: "collapse step (RMST: a run that never collapsed counts as the step budget)",
 }
-Part = tuple[str, Comparison]
-"""One test of a claim: its label (the groups and their mean ± sd) and its outcome."""
+Part = tuple[str, Comparison]  # one test of a claim: its label (the groups, their mean ± sd) and its outcome
 
 
 class Unjudged(Exception):

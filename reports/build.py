@@ -165,13 +165,14 @@ def machine_info(tracking_uri: str) -> dict[str, str]:
         "git commit": provenance.commit(),
         "machine": f"{platform.platform()}; {cpu['model']}, {cpu['logical_cpus']} logical CPUs; flags {cpu['flags']}",
         "libraries": ", ".join(f"{k} {x}" for k, x in provenance.versions().items()),
-        "MLflow store": redact(tracking_uri),
+        "MLflow store": redact(f"sqlite:///{_relative(tracking_uri[10:])}" if tracking_uri.startswith("sqlite:///")
+                               else tracking_uri),
     }
 
 
 def _relative(path: Path | str) -> str:
-    """A registry file as the repo names it (no machine's absolute path in a report)."""
-    path = Path(path)
+    """A file as the repo names it, else its name: no machine's absolute path in a report."""
+    path = Path(path).resolve()
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
 
 

@@ -96,6 +96,7 @@ def test_ablation_report_holds_every_section(built):
     assert "Ablation report: Fig. 15: KL penalty eta" in text  # a one-ablation report's title names it
     assert "exact permutation test" in text and "95% CI" in text and "fewer than 5 runs per variant" in text
     assert str(built["registry"]) not in text and "registry file kl_eta.yaml" in text  # no machine paths
+    assert "MLflow store sqlite:///mlflow.db" in text and str(built["uri"]) not in text
 
 
 def test_header_columns_fit_their_longest_word(built):
