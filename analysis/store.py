@@ -93,14 +93,14 @@ def ablations_in_store(tracking_uri: str) -> list[str]:
                   if len(c.search_runs([e.experiment_id], tagged, max_results=1)))
 
 
-def _json_by_step(tracking_uri: str, run_id: str, folder: str, stem: str) -> dict[int, Any]:
-    """Step -> content of the run's `folder/{stem}XXXXXX.json` artifacts (a lost folder: none)."""
+def _by_step(tracking_uri: str, run_id: str, folder: str, stem: str) -> dict[int, str]:
+    """Step -> path of the run's `folder/{stem}XXXXXX.json` artifacts (a lost folder: none)."""
     try:
         artifacts = tracking.client(tracking_uri).list_artifacts(run_id, folder)
     except Exception:
         return {}
-    found = {int(m[1]): a.path for a in artifacts if (m := re.fullmatch(rf"{stem}(\d+)\.json", Path(a.path).name))}
-    return {step: _json(tracking_uri, run_id, found[step]) for step in sorted(found)}
+    name = re.compile(rf"{stem}(\d+)\.json")
+    return dict(sorted((int(m[1]), a.path) for a in artifacts if (m := name.fullmatch(Path(a.path).name))))
 
 
 def _json(tracking_uri: str, run_id: str, path: str) -> Any:
@@ -182,9 +182,8 @@ class AblationData:
         """Eval step -> held-out RM scores (eval/rm_scores_step_XXXXXX.json), seeds pooled."""
         pooled: dict[int, list[float]] = {}
         for rid in self.run_ids(variant):
-            by_step = self._cached(("eval", rid), lambda: _json_by_step(self.tracking_uri, rid, K.EVAL_SCORES_DIR,
-                                                                         "rm_scores_step_"))
-            for step, d in by_step.items():
+            for step, path in _by_step(self.tracking_uri, rid, K.EVAL_SCORES_DIR, "rm_scores_step_").items():
+                d = self._cached(("eval", rid, step), lambda: _json(self.tracking_uri, rid, path))
                 pooled.setdefault(step, []).extend((d.get("rm") or []) if isinstance(d, dict) else [])
         return {s: np.asarray(x, dtype=float) for s, x in pooled.items() if x}
 
@@ -192,8 +191,8 @@ class AblationData:
         """Rows of each run's last sample table (SAMPLE_COLUMNS); `per_run` caps the rows."""
         rows = []
         for r in self.runs.itertuples():
-            steps = _json_by_step(self.tracking_uri, r.run_id, K.SAMPLES_DIR, "step_")
-            last = steps[max(steps)] if steps else None
+            steps = _by_step(self.tracking_uri, r.run_id, K.SAMPLES_DIR, "step_")
+            last = _json(self.tracking_uri, r.run_id, steps[max(steps)]) if steps else None
             for row in (last.get("rows") or [])[:per_run] if isinstance(last, dict) else []:
                 rows.append({"variant": r.variant, "seed": r.seed, "run_id": r.run_id, "step": max(steps),
                              "collapsed": r.collapsed, **{k: row.get(k) for k in SAMPLE_COLUMNS[5:]}})
