@@ -2,17 +2,10 @@
 
     python -m analysis.figures ABLATION [--tracking-uri URI] [--smooth K] [--out results/]
 
-One panel per metric over training steps (panels and order from the ablation's YAML), one
-colored line per variant = mean over seeds, a shaded
-min-max band over seeds, an X where a run's collapse was detected (metric collapse/step, else
-the run's last step when only the tag harness.collapsed=true says so). When the runs log a gold
-reward, a "Gold reward" panel follows the reward panel; a figure whose panels hold both the reward
-and the win rate vs SFT draws the win rate on the reward panel's right axis (Fig. 4). Special panels: rm_score_diff_hist (Fig. 2), rm_accuracy (Fig. 3),
-eval_rm_score_hist (Fig. 13, one ridge per eval step, one panel per variant).
-
-Writes results/<ablation>/figure.png and .pdf (the committed reports/ are rebuilt only by
-`python -m reports.build --reference`) and logs both to the newest parent run of the
-ablation (artifact folder figures/). Sized for a printed A4/Letter page at full text width.
+One panel per metric (the YAML's panels, see `figure_panels`), one line per variant = mean over
+seeds, a min-max band over seeds, an X where a run's collapse was detected; special panels for
+Figs. 2, 3 and 13. Writes OUT/<ablation>/figure.png and .pdf, sized for a printed A4/Letter page
+at full text width, and logs both to the ablation's newest parent run (artifact folder figures/).
 """
 from __future__ import annotations
 
@@ -24,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from matplotlib import rc_context
+import pandas as pd
+from matplotlib import colormaps, rc_context
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -32,71 +26,53 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from analysis.store import AblationData, default_tracking_uri, load_ablation
-from analysis.summary import seed_band
 from harness import keys as K
-from harness.tracking import redact
 from harness import tracking
-from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS, RegistryError, UnknownAblation
+from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS
+from harness.registry import RegistryError, UnknownAblation
+from harness.tracking import redact
 
-# Panel titles in the paper's wording.
 PANEL_LABELS = {
-    K.RM_SCORE: "Reward",
-    K.GOLD_SCORE: "Gold reward",
-    K.LENGTH: "Response length",
-    K.KL: "KL-divergence",
-    K.PPL: "Perplexity",
-    K.PPL_TOKENS: "Perplexity (token-pooled)",
-    K.PPL_REF: "Perplexity (reference)",
-    K.PG_LOSS: "PG loss",
-    K.VF_LOSS: "VF loss",
-    K.VALUES: "Values",
-    K.RETURNS: "Returns",
-    K.ADV_MEAN: "Advantages",
-    K.ADV_RAW_MEAN: "Advantages (raw)",
-    K.ENTROPY: "Entropy",
-    K.APPROX_KL: "Approx. KL (vs rollout policy)",
-    K.FRAC_AT_CAP: "Fraction at length cap",
-    K.EVAL_WIN_RATE: "Win rate vs SFT",
-    K.EVAL_GOLD: "Eval gold reward",
-    K.EVAL_RM: "Eval reward",
-    RM_SCORE_DIFF_HIST: "RM score difference (chosen − rejected)",
-    RM_ACCURACY: "Reward-model accuracy",
-    EVAL_RM_SCORE_HIST: "RM score distribution on held-out prompts",
+    K.RM_SCORE: "Reward", K.GOLD_SCORE: "Gold reward", K.LENGTH: "Response length", K.KL: "KL-divergence",
+    K.PPL: "Perplexity", K.PPL_TOKENS: "Perplexity (token-pooled)", K.PPL_REF: "Perplexity (reference)",
+    K.PG_LOSS: "PG loss", K.VF_LOSS: "VF loss", K.VALUES: "Values", K.RETURNS: "Returns", K.ADV_MEAN: "Advantages",
+    K.ADV_RAW_MEAN: "Advantages (raw)", K.ENTROPY: "Entropy", K.APPROX_KL: "Approx. KL (vs rollout policy)",
+    K.FRAC_AT_CAP: "Fraction at length cap", K.EVAL_WIN_RATE: "Win rate vs SFT", K.EVAL_GOLD: "Eval gold reward",
+    K.EVAL_RM: "Eval reward", RM_SCORE_DIFF_HIST: "RM score difference (chosen − rejected)",
+    RM_ACCURACY: "Reward-model accuracy", EVAL_RM_SCORE_HIST: "RM score distribution on held-out prompts",
 }
+"""Panel titles in the paper's wording."""
+UNITS = {K.KL: "nats/token", K.KL_K3: "nats/token", K.APPROX_KL: "nats/token", K.ENTROPY: "nats/token",
+         K.LENGTH: "tokens", K.LENGTH_MAX: "tokens", K.EVAL_LENGTH: "tokens"}
+"""y-axis label of the metrics that have a unit (keys.py: KL per response token, lengths in tokens)."""
 FIG_WIDTH_IN = 7.2  # full text width of an A4/Letter page with ~2 cm margins
 LEGEND_CHAR_IN = 0.062  # width of one legend character at legend.fontsize 8.5 (measured on Fig. 14's labels)
 LEGEND_HANDLE_IN = 0.55  # line handle plus column gap
 PANEL_HEIGHT_IN = 2.1
 MAX_RIDGES = 10
-BAND = "min–max over seeds"
-STYLE = {
-    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8,
-    "ytick.labelsize": 8, "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False,
-    "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5,
-}
-
-
 LOG_SCALE_PANELS = {K.PPL, K.PPL_TOKENS, K.PPL_REF}
+STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
+         "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+         "grid.alpha": 0.3, "grid.linewidth": 0.5}
+WIN_RATE_AXIS = f"{K.EVAL_WIN_RATE} (right axis)"
 
 
-def panel_label(key: str) -> str:
-    return PANEL_LABELS.get(key, key.split(":")[0])
-
-
-def variant_colors(variants: list[str]) -> dict[str, tuple]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    return {v: cmap(i % 10) for i, v in enumerate(variants)}
+def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataFrame:
+    """Per (variant, step): mean, std, min, max, n over seeds, each run first smoothed (trailing mean
+    over smooth_k steps); a step some seed did not reach averages the seeds that did."""
+    m = metrics[metrics["metric"] == metric].sort_values(["run_id", "step"])
+    if m.empty:
+        return pd.DataFrame(columns=["variant", "step", "mean", "std", "min", "max", "n"])
+    k = max(int(smooth_k or 1), 1)
+    m = m.assign(value=m.groupby("run_id")["value"].transform(lambda s: s.rolling(k, min_periods=1).mean()))
+    out = m.groupby(["variant", "step"])["value"].agg(["mean", "std", "min", "max", "count"])
+    return out.rename(columns={"count": "n"}).reset_index()
 
 
 def grid_shape(n: int) -> tuple[int, int]:
-    """Rows, columns for n panels: 2 columns for 2, 4 and 8 panels (2x2 as a page-width
-    version of the paper's 1x4 row; Fig. 8's 2x4 becomes 4x2), else 3; at print width a panel
-    narrower than a third of the page is unreadable."""
-    if n <= 1:
-        return 1, 1
-    cols = 2 if n in (2, 4, 8) else 3
+    """Rows, columns: 2 columns for 2, 4, 8 panels (the paper's 1x4 row as 2x2 at page width, its 2x4
+    as 4x2), else 3: at print width a panel narrower than a third of the page is unreadable."""
+    cols = 1 if n <= 1 else 2 if n in (2, 4, 8) else 3
     return math.ceil(n / cols), cols
 
 
@@ -106,8 +82,8 @@ def figure_panels(data: AblationData) -> list[str]:
     panels = list(data.spec.panels)
     if K.RM_SCORE in panels and K.EVAL_WIN_RATE in panels:
         panels.remove(K.EVAL_WIN_RATE)  # drawn on the reward panel's right axis, as in the paper
-    have = data.available_metrics() if not data.runs.empty else set()
-    if K.RM_SCORE in panels and K.GOLD_SCORE in have and K.GOLD_SCORE not in panels:
+    gold = any(K.GOLD_SCORE in k for k in data.runs["metric_keys"])
+    if K.RM_SCORE in panels and K.GOLD_SCORE not in panels and gold:
         panels.insert(panels.index(K.RM_SCORE) + 1, K.GOLD_SCORE)
     if K.PPL in panels and K.PPL_TOKENS not in panels:
         panels[panels.index(K.PPL)] = data.shown_metric(K.PPL)
@@ -125,48 +101,39 @@ def _no_data(ax: Axes, what: str) -> None:
             color="0.4", fontsize=8)
 
 
-def _collapse_points(data: AblationData, variant: str, metric_rows, mean_curve) -> list[tuple[float, float]]:
-    """(step, y on the mean curve) for each collapsed run of `variant`."""
-    pts = []
-    runs = data.runs[(data.runs["variant"] == variant) & data.runs["collapsed"]]
-    for _, r in runs.iterrows():
-        step = r.collapse_step
-        if not np.isfinite(step):  # tag only: mark where the run's curve ends
-            own = metric_rows[metric_rows["run_id"] == r.run_id]["step"]
-            if own.empty:
-                continue
-            step = float(own.max())
-        y = float(np.interp(step, mean_curve["step"].astype(float), mean_curve["mean"].astype(float)))
-        pts.append((step, y))
-    return pts
+def _band(ax: Axes, b, color, **line) -> None:
+    """The mean over seeds as a line, and the min-max band when there are several seeds."""
+    ax.plot(b["step"], b["mean"], color=color, lw=1.3, **line)
+    if b["n"].max() > 1:
+        ax.fill_between(b["step"].astype(float), b["min"].astype(float), b["max"].astype(float), color=color,
+                        alpha=0.18, lw=0)
 
 
-def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, smooth_k: int) -> bool:
-    """One line per variant (label = variant name), min-max band, collapse markers. False when
-    no run logged `metric`."""
+def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, smooth_k: int) -> None:
+    """One line per variant (label = variant name), min-max band, an X on the mean curve at each
+    collapsed run's collapse step (tag only: where the run's curve ends)."""
     rows = data.metrics(metric)
     band = seed_band(rows, metric, smooth_k)
     if band.empty:
-        _no_data(ax, metric)
-        return False
+        return _no_data(ax, metric)
+    ends = rows.groupby("run_id")["step"].max()
     for v in data.variants:
         b = band[band["variant"] == v]
         if b.empty:
             continue
-        c = colors[v]
-        ax.plot(b["step"], b["mean"], color=c, lw=1.3, label=v)
-        if b["n"].max() > 1:
-            ax.fill_between(b["step"].astype(float), b["min"].astype(float), b["max"].astype(float),
-                            color=c, alpha=0.18, lw=0)
-        for step, y in _collapse_points(data, v, rows, b):
-            ax.plot([step], [y], ls="none", marker="X", ms=7, color=c, mec="black", mew=0.6, label="_collapse", zorder=5)
+        _band(ax, b, colors[v], label=v)
+        runs = data.runs[(data.runs["variant"] == v) & data.runs["collapsed"]]
+        for step in runs["collapse_step"].fillna(runs["run_id"].map(ends)).dropna():
+            y = np.interp(step, b["step"].astype(float), b["mean"].astype(float))
+            ax.plot([step], [y], ls="none", marker="X", ms=7, color=colors[v], mec="black", mew=0.6, label="_collapse",
+                    zorder=5)
     if metric in LOG_SCALE_PANELS and (band["max"].astype(float) > 0).all():
         ax.set_yscale("log")  # collapse drives perplexity toward 1 while outliers reach the thousands
-        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))  # 3, 4, 6; not 3x10^0
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 3, 4, 6; not 3x10^0
+            axis_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     ax.set_xlabel("Step")
+    ax.set_ylabel(UNITS.get(metric, ""))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return True
 
 
 def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> Axes | None:
@@ -177,105 +144,67 @@ def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> 
     right = ax.twinx()
     right.grid(False)
     right.spines["right"].set_visible(True)
-    for v in data.variants:
-        b = band[band["variant"] == v]
-        if not b.empty:
-            right.plot(b["step"], b["mean"], color=colors[v], lw=1.1, ls="--", marker=".", ms=3,
-                       label=f"{v}: win rate vs SFT")
+    for v, b in band.groupby("variant"):
+        right.plot(b["step"], b["mean"], color=colors[v], lw=1.1, ls="--", marker=".", ms=3,
+                   label=f"{v}: win rate vs SFT")
     right.set_ylim(0, 1)
     right.set_ylabel("Win rate vs SFT (dashed)")
     return right
 
 
-def draw_rm_score_diff_hist(ax: Axes, data: AblationData, colors: dict) -> bool:
+def draw_rm_score_diff_hist(ax: Axes, data: AblationData, colors: dict) -> None:
     """Fig. 2: one histogram per RM (variant), chosen-minus-rejected on held-out pairs."""
-    diffs = {}
-    for v in data.variants:
-        pooled = []
-        for rid in data.runs.loc[data.runs["variant"] == v, "run_id"]:
-            pooled += data.rm_score_diff(rid)
-        if pooled:
-            diffs[v] = np.asarray(pooled, dtype=float)
+    diffs = {v: d for v in data.variants if (d := data.rm_score_diffs(v)).size}
     if not diffs:
-        _no_data(ax, K.RM_SCORE_DIFF)
-        return False
-    edges = np.histogram_bin_edges(np.concatenate(list(diffs.values())), bins=min(40, max(10, sum(map(len, diffs.values())) // 20)))
-    notes = []
+        return _no_data(ax, K.RM_SCORE_DIFF)
+    pooled = np.concatenate(list(diffs.values()))
+    edges = np.histogram_bin_edges(pooled, bins=min(40, max(10, len(pooled) // 20)))
     for v, d in diffs.items():
         ax.hist(d, bins=edges, histtype="stepfilled", alpha=0.35, color=colors[v], edgecolor=colors[v], lw=1.2, label=v)
-        notes.append(f"{v}: {np.mean(d > 0):.0%} > 0")
     ax.axvline(0, color="0.3", lw=0.8, ls=":")
-    ax.text(0.98, 0.97, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=7.5,
-            bbox={"boxstyle": "round", "fc": "white", "ec": "0.8", "alpha": 0.9})
+    ax.text(0.98, 0.97, "\n".join(f"{v}: {np.mean(d > 0):.0%} > 0" for v, d in diffs.items()), transform=ax.transAxes,
+            ha="right", va="top", fontsize=7.5, bbox={"boxstyle": "round", "fc": "white", "ec": "0.8", "alpha": 0.9})
     ax.set_xlabel("RM score(chosen) − RM score(rejected)")
     ax.set_ylabel("held-out pairs")
-    return True
 
 
-def draw_rm_accuracy(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> bool:
+def draw_rm_accuracy(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> None:
     """Fig. 3: train (solid) and eval (dashed) accuracy over RM steps, per variant."""
     rows = data.metrics([K.RM_TRAIN_ACC, K.RM_EVAL_ACC])
-    drew = False
-    single = len(data.variants) == 1
+    if rows.empty:
+        return _no_data(ax, f"{K.RM_TRAIN_ACC}, {K.RM_EVAL_ACC}")
     for key, ls, part in ((K.RM_TRAIN_ACC, "-", "train"), (K.RM_EVAL_ACC, "--", "eval")):
-        band = seed_band(rows, key, smooth_k)
-        for v in data.variants:
-            b = band[band["variant"] == v]
-            if b.empty:
-                continue
-            drew = True
-            ax.plot(b["step"], b["mean"], color=colors[v], ls=ls, lw=1.3, marker="." if len(b) < 30 else None,
-                    label=f"{part} accuracy" if single else f"{v} ({part})")
-            if b["n"].max() > 1:
-                ax.fill_between(b["step"].astype(float), b["min"].astype(float), b["max"].astype(float),
-                                color=colors[v], alpha=0.15, lw=0)
-    if not drew:
-        _no_data(ax, f"{K.RM_TRAIN_ACC}, {K.RM_EVAL_ACC}")
-        return False
+        for v, b in seed_band(rows, key, smooth_k).groupby("variant"):
+            _band(ax, b, colors[v], ls=ls, marker="." if len(b) < 30 else None,
+                  label=f"{part} accuracy" if len(data.variants) == 1 else f"{v} ({part})")
     ax.axhline(0.5, color="0.4", lw=0.8, ls=":", label="_chance")
     ax.set_ylim(min(0.45, ax.get_ylim()[0]), max(1.0, ax.get_ylim()[1]))
-    ax.text(0.99, 0.5, "chance ", transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7.5, color="0.4")
+    ax.text(0.99, 0.5, "chance ", transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7.5,
+            color="0.4")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RM training step")
     ax.set_ylabel("accuracy")
-    return True
 
 
-def pick_steps(steps: list[int], k: int = MAX_RIDGES) -> list[int]:
-    """At most k steps, evenly spread, first and last included."""
-    if len(steps) <= k:
-        return list(steps)
-    idx = np.unique(np.round(np.linspace(0, len(steps) - 1, k)).astype(int))
-    return [steps[i] for i in idx]
-
-
-def draw_eval_rm_score_hist(ax: Axes, data: AblationData, variant: str | None) -> bool:
-    """Fig. 13: one ridge (histogram scaled to its own peak) per eval step, seeds pooled,
-    first step at the bottom; lines are labeled 'step N'."""
-    variant = variant or (data.variants[0] if data.variants else None)
-    by_step: dict[int, list[float]] = {}
-    for rid in data.runs.loc[data.runs["variant"] == variant, "run_id"]:
-        for step, scores in data.eval_scores(rid).items():
-            by_step.setdefault(step, []).extend(scores["rm"])
-    steps = pick_steps(sorted(s for s, v in by_step.items() if v))
-    if not steps:
-        _no_data(ax, f"{K.EVAL_SCORES_DIR}/rm_scores_step_*.json")
-        return False
-    from matplotlib import colormaps
-
-    cmap = colormaps["viridis"]
+def draw_eval_rm_score_hist(ax: Axes, data: AblationData, variant: str | None) -> None:
+    """Fig. 13: one ridge (histogram scaled to its own peak) per eval step, seeds pooled, at most
+    MAX_RIDGES steps evenly spread (first and last included), first step at the bottom."""
+    by_step = data.eval_rm_scores(variant or (data.variants or [None])[0])
+    if not by_step:
+        return _no_data(ax, f"{K.EVAL_SCORES_DIR}/rm_scores_step_*.json")
+    steps = sorted(by_step)
+    steps = [steps[i] for i in np.unique(np.round(np.linspace(0, len(steps) - 1, MAX_RIDGES)).astype(int))]
     edges = np.histogram_bin_edges(np.concatenate([by_step[s] for s in steps]), bins=50)
     centers = (edges[:-1] + edges[1:]) / 2
     for i, s in enumerate(steps):
         counts, _ = np.histogram(by_step[s], bins=edges)
         h = 0.9 * counts / max(counts.max(), 1)
-        c = cmap(i / max(len(steps) - 1, 1))
+        c = colormaps["viridis"](i / max(len(steps) - 1, 1))
         ax.fill_between(centers, i, i + h, step="mid", color=c, alpha=0.6, lw=0, zorder=len(steps) - i)
         ax.plot(centers, i + h, drawstyle="steps-mid", color=c, lw=1.0, label=f"step {s}", zorder=len(steps) - i)
     ax.set_yticks(range(len(steps)), [f"step {s}" for s in steps])
     ax.grid(axis="y", visible=False)
     ax.set_xlabel("RM score of held-out responses")
-    return True
 
 
 @dataclass
@@ -283,27 +212,22 @@ class DrawnFigure:
     fig: Figure
     axes: dict[str, Axes]
     """Panel key -> Axes (metric key, special panel name, `eval_rm_score_hist:<variant>`; the
-    Fig. 4 win-rate axis is `eval/win_rate_vs_sft (right axis)`)."""
+    Fig. 4 win-rate axis is WIN_RATE_AXIS)."""
 
 
 def draw_ablation(data: AblationData, smooth_k: int = 1, panels: list[str] | None = None) -> DrawnFigure:
-    """Draw every panel of the ablation into one Figure; returns the Figure and its Axes by panel
-    so callers (and tests) can inspect lines per variant."""
+    """Every panel in one Figure; the Axes by panel let callers (and tests) inspect lines per variant."""
     panels = panels or figure_panels(data)
     rows, cols = grid_shape(len(panels))
-    variants = data.variants
-    colors = variant_colors(variants)
-    tall = len(panels) == 1 and panels[0].startswith(EVAL_RM_SCORE_HIST)
-    height = (4.2 if tall else PANEL_HEIGHT_IN * rows + 0.2) + 0.9
+    colors = {v: colormaps["tab10"](i % 10) for i, v in enumerate(data.variants)}
+    height = 4.2 if len(panels) == 1 and panels[0].startswith(EVAL_RM_SCORE_HIST) else PANEL_HEIGHT_IN * rows + 0.2
     with rc_context(STYLE):
-        fig = Figure(figsize=(FIG_WIDTH_IN, height), layout="constrained")
-        grid = fig.subplots(rows, cols, squeeze=False)
-        axes: dict[str, Axes] = {}
-        for i, panel in enumerate(panels):
-            ax = grid[i // cols][i % cols]
-            axes[panel] = ax
+        fig = Figure(figsize=(FIG_WIDTH_IN, height + 0.9), layout="constrained")
+        grid = fig.subplots(rows, cols, squeeze=False).ravel()
+        axes: dict[str, Axes] = dict(zip(panels, grid))
+        for panel, ax in list(axes.items()):
             base, _, which = panel.partition(":")
-            ax.set_title(panel_label(base) + (f" — {which}" if which else ""))
+            ax.set_title(PANEL_LABELS.get(base, base) + (f" — {which}" if which else ""))
             if base == RM_SCORE_DIFF_HIST:
                 draw_rm_score_diff_hist(ax, data, colors)
             elif base == RM_ACCURACY:
@@ -313,34 +237,31 @@ def draw_ablation(data: AblationData, smooth_k: int = 1, panels: list[str] | Non
             else:
                 draw_metric_panel(ax, data, panel, colors, smooth_k)
                 if panel == K.RM_SCORE and K.EVAL_WIN_RATE in data.spec.panels:
-                    right = draw_win_rate(ax, data, colors, smooth_k)
-                    if right is not None:
-                        axes[f"{K.EVAL_WIN_RATE} (right axis)"] = right
-        for j in range(len(panels), rows * cols):
-            grid[j // cols][j % cols].set_visible(False)
+                    if (right := draw_win_rate(ax, data, colors, smooth_k)) is not None:
+                        axes[WIN_RATE_AXIS] = right
+        for ax in grid[len(panels):]:
+            ax.set_visible(False)
         fig.suptitle(textwrap.fill(data.spec.title, 80), fontsize=10, fontweight="bold")
         _legend(fig, data, colors, axes, smooth_k)
     return DrawnFigure(fig, axes)
 
 
 def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes], smooth_k: int) -> None:
-    """One legend under the panels: variant names as in the paper's legend, then what the band
-    and markers mean."""
+    """One legend under the panels: variant names as in the paper's, then what band and markers mean."""
     metric_panels = [p for p in axes if p.split(":")[0] not in SPECIAL_PANELS]
-    handles: list = []
-    if metric_panels or RM_SCORE_DIFF_HIST in axes:
-        handles += [Line2D([], [], color=colors[v], lw=2, label=v) for v in data.variants]
-    elif RM_ACCURACY in axes:
-        handles += [Line2D([], [], color="0.2", ls="-", label="train"), Line2D([], [], color="0.2", ls="--", label="eval")]
-        if len(data.variants) > 1:
-            handles += [Line2D([], [], color=colors[v], lw=2, label=v) for v in data.variants]
+    handles = [Line2D([], [], color=colors[v], lw=2, label=v) for v in data.variants]
+    if RM_ACCURACY in axes and not metric_panels and RM_SCORE_DIFF_HIST not in axes:
+        parts = [Line2D([], [], color="0.2", ls=ls, label=part) for ls, part in (("-", "train"), ("--", "eval"))]
+        handles = parts + (handles if len(handles) > 1 else [])
+    elif not (metric_panels or RM_SCORE_DIFF_HIST in axes):
+        handles = []
     n_seeds = int(data.runs.groupby("variant").size().max()) if not data.runs.empty else 0
     if metric_panels and n_seeds > 1:
-        handles.append(Patch(color="0.5", alpha=0.3, label=f"{BAND} ({n_seeds}); line: mean"))
+        handles.append(Patch(color="0.5", alpha=0.3, label=f"min–max over seeds ({n_seeds}); line: mean"))
     if metric_panels and data.runs["collapsed"].any():
         handles.append(Line2D([], [], ls="none", marker="X", ms=7, color="0.5", mec="black", mew=0.6,
                               label="collapse detected"))
-    if f"{K.EVAL_WIN_RATE} (right axis)" in axes:
+    if WIN_RATE_AXIS in axes:
         handles.append(Line2D([], [], color="0.3", ls="--", marker=".", label="win rate vs SFT (right axis)"))
     if smooth_k and smooth_k > 1 and metric_panels:
         handles.append(Line2D([], [], color="none", label=f"smoothed: rolling mean over {smooth_k} steps"))
@@ -349,21 +270,9 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
 
 
 def legend_columns(handles: list) -> int:
-    """Up to 3 columns, fewer when the longest label would push the legend past the figure's
-    edges (Fig. 14's variant names run to ~60 characters)."""
-    longest = max(len(h.get_label()) for h in handles)
-    col_in = LEGEND_CHAR_IN * longest + LEGEND_HANDLE_IN
+    """Up to 3 columns, fewer when the longest label (Fig. 14's: ~60 characters) would overflow."""
+    col_in = LEGEND_CHAR_IN * max(len(h.get_label()) for h in handles) + LEGEND_HANDLE_IN
     return max(1, min(3, len(handles), int(FIG_WIDTH_IN // col_in)))
-
-
-def save_figure(fig: Figure, out_dir: str | Path, stem: str = "figure") -> list[Path]:
-    """PNG (200 dpi, for the report and README) and PDF (vector) side by side."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    fig.savefig(paths[0], dpi=200)
-    fig.savefig(paths[1])
-    return paths
 
 
 @dataclass
@@ -371,6 +280,7 @@ class FigureOutput:
     data: AblationData
     drawn: DrawnFigure
     paths: list[Path]
+    """figure.png (200 dpi, for the report) and figure.pdf (vector)."""
     logged_to: str | None
     """Parent run id the files were logged to (None: no parent run, or logging off)."""
 
@@ -385,26 +295,26 @@ def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, o
         raise LookupError(f"{data.name}: no runs in {redact(data.tracking_uri)}; nothing drawn "
                           f"(run `python -m harness.ablate {data.name}` first)")
     drawn = draw_ablation(data, smooth_k)
-    paths = save_figure(drawn.fig, Path(out) / data.name)
-    logged = None
-    if log_to_parent and data.parent_run_id:
-        tracking.log_file_artifacts(data.tracking_uri, data.parent_run_id, paths, artifact_path="figures")
-        logged = data.parent_run_id
+    out_dir = Path(out) / data.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "figure.png", out_dir / "figure.pdf"]
+    drawn.fig.savefig(paths[0], dpi=200)
+    drawn.fig.savefig(paths[1])
+    logged = data.parent_run_id if log_to_parent else None
+    if logged:
+        tracking.log_file_artifacts(data.tracking_uri, logged, paths, artifact_path="figures")
     return FigureOutput(data, drawn, paths, logged)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m analysis.figures",
-        description="Draw an ablation's paper-style figure from the MLflow store: one panel per metric, "
-                    "one line per variant (mean over seeds, min-max band), collapse markers. Writes "
-                    "OUT/<ablation>/figure.png and .pdf and logs them to the ablation's newest parent run.",
-    )
+    ap = argparse.ArgumentParser(prog="python -m analysis.figures", description=(
+        "Draw an ablation's paper-style figure from the MLflow store: one panel per metric, one line per variant "
+        "(mean over seeds, min-max band), collapse markers. Writes OUT/<ablation>/figure.png and .pdf and logs "
+        "them to the ablation's newest parent run."))
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps per run (default 1 = raw)")
+    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--smooth", type=int, default=1, metavar="K",
+                    help="rolling mean over K logged steps per run (default 1 = raw)")
     ap.add_argument("--out", default="results", help="output root; files go to OUT/<ablation>/ (default results/)")
-    ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
+    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
     args = ap.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
@@ -418,12 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     except LookupError as e:  # no runs
         print(e)
         return 1
-    d = res.data
-    print(f"{d.name}: {len(d.runs)} runs, variants: {', '.join(d.variants) or '(none)'}")
-    if d.missing_variants:
-        print(f"  registry variants without runs: {', '.join(d.missing_variants)}")
-    for p in res.paths:
-        print(f"  wrote {p}")
+    print(f"{data.name}: {len(data.runs)} runs, variants: {', '.join(data.variants) or '(none)'}")
+    if data.missing_variants:
+        print(f"  registry variants without runs: {', '.join(data.missing_variants)}")
+    print("\n".join(f"  wrote {p}" for p in res.paths))
     print(f"  logged to parent run {res.logged_to}" if res.logged_to else "  not logged (no parent run or --no-log)")
     return 0
 

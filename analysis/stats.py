@@ -1,26 +1,19 @@
-"""The statistics behind every verdict: per-seed summaries in, a stated test with an interval out.
+"""The statistics behind every verdict: per-seed summaries in (one number per run,
+`harness.summary.reduce_run`), a stated test with an interval out. The tests suit small n:
 
-A claim compares per-seed numbers (one number per run, `harness.summary.reduce_run`) of two
-variants, or checks one variant against a fixed value. The test is chosen for small n (5-10 seeds)
-and makes no normality assumption:
-
-- **Two variants** (`compare`): exact two-sided permutation test of the difference of means
-  (every relabelling of the pooled seeds when there are at most `EXACT_LIMIT` of them, else a
-  seeded Monte-Carlo sample). The confidence interval of the difference is the set of shifts d for
-  which the test of (a - d) vs b does not reject (test inversion), so the interval and the p-value
-  always agree: "inconclusive" exactly when the interval holds 0.
-- **One variant vs a value** (`compare_to`): one-sample t-test and t-interval (an exact sign-flip
-  test cannot reject at 0.05 with 5 seeds).
-- **Effect size**: Hedges' g (the standardized mean difference with the small-sample correction).
-- **Power limit** (`min_detectable`): the difference that a two-sided level-alpha test detects with
-  80% power at these n and this spread (normal approximation): smaller differences can go unseen.
-- **Censored collapse steps**: a run that never collapsed is censored at the step budget; comparing
-  min(collapse step, budget) is the restricted mean survival time (RMST) comparison, the standard
-  treatment when every censoring happens at the same horizon (`censor`).
-- **Proportions** (`proportion_ci`): Clopper-Pearson interval for k of n runs (e.g. collapsed).
-
-Verdicts: `reproduced` when the interval lies wholly on the claimed side, `contradicted` when
-wholly on the other side, else `inconclusive`.
+- two groups (`compare`): exact two-sided permutation test of the difference of means (every
+  relabelling up to EXACT_LIMIT, else a seeded Monte-Carlo sample); the interval is the set of
+  shifts d for which (a - d) vs b is not rejected (test inversion), so interval and p-value agree;
+- one group vs a value (`compare_to`): one-sample t-test and t-interval (an exact sign-flip test
+  cannot reject at 0.05 with 5 seeds: its smallest p-value is 2/32);
+- a rate vs 1/2 (`rate_vs_half`): exact one-sided binomial test, Clopper-Pearson interval at level
+  1 - 2 alpha (beyond 1/2 exactly when the test rejects);
+- effect size: Hedges' g = (mean_a - mean_b) / s_pooled * (1 - 3 / (4 (n_a + n_b) - 9));
+- power limit (`min_detectable`): (z_{1-alpha/2} + z_power) * sd * sqrt(1/n_a + 1/n_b);
+- censored collapse steps (`censor`): min(collapse step, budget), the restricted mean survival
+  time (RMST) comparison when every run is censored at the same budget.
+Verdicts: reproduced when the interval lies wholly on the claimed side, not reproduced when wholly
+on the other, else inconclusive; always inconclusive below MIN_SEEDS values per group.
 """
 from __future__ import annotations
 
@@ -30,14 +23,17 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy.optimize import bisect
+from scipy.stats import binomtest
+from scipy.stats import t as student_t
 
 ALPHA = 0.05
 POWER = 0.8
 EXACT_LIMIT = 200_000  # relabellings enumerated exactly up to this many
 MC_SAMPLES = 20_000
-MIN_SEEDS = 5  # below this a verdict is "inconclusive (n < 5)" whatever the data say
+MIN_SEEDS = 5  # below this a verdict is "inconclusive" whatever the data say
 
-REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -46,85 +42,81 @@ class Comparison:
 
     n_a: int
     n_b: int
+    """Size of the second group (0: one group against a value)."""
+    statistic: str
+    """What `estimate` is, in words (e.g. "mean difference")."""
     estimate: float
-    """mean(a) - mean(b) (two variants) or mean(a) - value (one variant)."""
     ci_low: float
     ci_high: float
     p_value: float
     effect_size: float
-    """Hedges' g (two variants) or the mean difference in sds of a (one variant)."""
+    """Hedges' g (two groups), (mean - value) / sd (one group), Cohen's h (a rate vs 1/2)."""
     min_detectable: float
     """Smallest |difference| detectable with 80% power at these n and spread (NaN when unknown)."""
     verdict: str
     test: str
     """The test, in words, for the report."""
+    level: float = 1 - ALPHA
+    """Confidence level of the interval."""
+
+    @classmethod
+    def undecided(cls, n_a: int, statistic: str, test: str, n_b: int = 0) -> "Comparison":
+        """No test possible (no data, or too little): every number NaN, inconclusive."""
+        return cls(n_a, n_b, statistic, *[math.nan] * 6, INCONCLUSIVE, test)
 
     def describe(self) -> str:
-        return (f"diff {self.estimate:+.3g}, {int((1 - ALPHA) * 100)}% CI [{self.ci_low:.3g}, {self.ci_high:.3g}], "
-                f"p = {self.p_value:.3g}, g = {self.effect_size:.2f}, n = {self.n_a}"
-                + (f" vs {self.n_b}" if self.n_b else "")
-                + (f"; differences below {self.min_detectable:.2g} would go undetected"
-                   if math.isfinite(self.min_detectable) else ""))
-
-
-def _clean(x) -> np.ndarray:
-    v = np.asarray([float(t) for t in x], dtype=float)
-    return v[np.isfinite(v)]
+        n = f"{self.n_a}" + (f" vs {self.n_b}" if self.n_b else "")
+        power = f"; below {self.min_detectable:.2g} undetectable" if math.isfinite(self.min_detectable) else ""
+        sign = "+" if "mean" in self.statistic else ""  # a difference is signed, a rate is not
+        return (f"{self.statistic} {self.estimate:{sign}.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, "
+                f"{self.ci_high:.3g}], p = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
 
 
 def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Boolean masks (rows) choosing k of n items: all of them, or a seeded sample."""
-    total = math.comb(n, k)
-    if total <= EXACT_LIMIT:
-        rows = np.zeros((total, n), dtype=bool)
-        for r, idx in enumerate(itertools.combinations(range(n), k)):
-            rows[r, list(idx)] = True
-        return rows
-    rows = np.zeros((MC_SAMPLES, n), dtype=bool)
-    for r in range(MC_SAMPLES):
-        rows[r, rng.choice(n, size=k, replace=False)] = True
+    if math.comb(n, k) > EXACT_LIMIT:
+        return rng.permuted(np.tile(np.arange(n) < k, (MC_SAMPLES, 1)), axis=1)
+    idx = np.array(list(itertools.combinations(range(n), k)), dtype=int).reshape(-1, k)
+    rows = np.zeros((len(idx), n), dtype=bool)
+    rows[np.arange(len(idx))[:, None], idx] = True
     return rows
 
 
 def _two_sample_p(a: np.ndarray, b: np.ndarray, masks: np.ndarray) -> float:
     pooled = np.concatenate([a, b])
-    k = len(a)
     sums = masks @ pooled
-    diffs = sums / k - (pooled.sum() - sums) / len(b)
+    diffs = sums / len(a) - (pooled.sum() - sums) / len(b)
     observed = a.mean() - b.mean()
     # a small tolerance so that float rounding never splits ties
     return float(np.mean(np.abs(diffs) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
 
 
 def _invert(p_at, center: float, scale: float, alpha: float) -> tuple[float, float]:
-    """Interval of shifts d with p_at(d) > alpha, found by bisection on each side of `center`."""
+    """Interval of shifts d with p_at(d) > alpha: on each side of `center`, double the step until the
+    test rejects, then bisect for the edge (+1 inside, -1 outside)."""
     def edge(direction: float) -> float:
-        inside, step = center, max(scale, 1e-12)
-        outside = center + direction * step
-        for _ in range(60):  # widen until the test rejects
-            if p_at(outside) <= alpha:
-                break
-            inside, outside = outside, center + direction * (step := step * 2)
-        else:
-            return direction * math.inf
+        step = max(scale, 1e-12)
         for _ in range(60):
-            mid = 0.5 * (inside + outside)
-            if p_at(mid) > alpha:
-                inside = mid
-            else:
-                outside = mid
-        return inside
+            if p_at(center + direction * step) <= alpha:
+                inside = lambda d: 1.0 if p_at(center + direction * d) > alpha else -1.0  # noqa: E731
+                return center + direction * bisect(inside, 0.0, step, xtol=1e-12 * step)
+            step *= 2
+        return direction * math.inf
     return edge(-1.0), edge(1.0)
 
 
-def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = len(a), len(b)
-    if na < 2 or nb < 2:
+def _pooled_sd(a: np.ndarray, b: np.ndarray) -> float:
+    """sqrt(((n_a - 1) s_a^2 + (n_b - 1) s_b^2) / (n_a + n_b - 2)); NaN below 2 values in a group."""
+    if len(a) < 2 or len(b) < 2:
         return math.nan
-    sp = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
+    return math.sqrt(((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (len(a) + len(b) - 2))
+
+
+def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
+    sp, diff = _pooled_sd(a, b), a.mean() - b.mean()
     if sp == 0:
-        return math.copysign(math.inf, a.mean() - b.mean()) if a.mean() != b.mean() else 0.0
-    return (a.mean() - b.mean()) / sp * (1 - 3 / (4 * (na + nb) - 9))
+        return math.copysign(math.inf, diff) if diff else 0.0
+    return diff / sp * (1 - 3 / (4 * (len(a) + len(b)) - 9))
 
 
 def min_detectable(sd: float, n_a: int, n_b: int | None = None, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -132,65 +124,74 @@ def min_detectable(sd: float, n_a: int, n_b: int | None = None, alpha: float = A
     if not math.isfinite(sd) or n_a < 2:
         return math.nan
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    se = sd * math.sqrt(1 / n_a + (1 / n_b if n_b else 0.0))
-    return z * se
+    return z * sd * math.sqrt(1 / n_a + (1 / n_b if n_b else 0.0))
 
 
-def _verdict(lo: float, hi: float, expect: str, n_min: int) -> str:
+def _verdict(lo: float, hi: float, expect: str, n_min: int, margin: float = math.nan) -> str:
     if n_min < MIN_SEEDS:
         return INCONCLUSIVE
     if expect == "greater":
-        return REPRODUCED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
+        return REPRODUCED if lo > 0 else NOT_REPRODUCED if hi < 0 else INCONCLUSIVE
     if expect == "less":
-        return REPRODUCED if hi < 0 else CONTRADICTED if lo > 0 else INCONCLUSIVE
-    if expect == "equal":  # "hard to tell apart": reproduced when no difference is found
-        return CONTRADICTED if lo > 0 or hi < 0 else REPRODUCED
+        return REPRODUCED if hi < 0 else NOT_REPRODUCED if lo > 0 else INCONCLUSIVE
+    if expect == "equal":  # alike: no difference found, and the interval rules out any beyond the margin
+        return NOT_REPRODUCED if lo > 0 or hi < 0 else REPRODUCED if (hi - lo) / 2 < margin else INCONCLUSIVE
     raise ValueError(f"expect: got {expect!r}; allowed: 'greater', 'less', 'equal'")
 
 
-def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0) -> Comparison:
-    """Is mean(a) greater (less) than mean(b)? Permutation test and its inverted interval."""
+def _clean(x) -> np.ndarray:
+    v = np.asarray([float(t) for t in x], dtype=float)
+    return v[np.isfinite(v)]
+
+
+def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0, margin: float = math.nan) -> Comparison:
+    """Is mean(a) greater (less) than mean(b), or (expect "equal") within `margin` of it?
+    Permutation test and its inverted interval."""
     a, b = _clean(a), _clean(b)
+    test = "exact permutation test of the difference of means, CI by test inversion"
+    if expect == "equal":
+        test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
     if len(a) == 0 or len(b) == 0:
-        return Comparison(len(a), len(b), math.nan, math.nan, math.nan, math.nan, math.nan, math.nan,
-                          INCONCLUSIVE, "no data")
-    rng = np.random.default_rng(seed)
-    masks = _labelings(len(a) + len(b), len(a), rng)
+        return Comparison.undecided(len(a), "mean difference", test + ": no data", len(b))
+    masks = _labelings(len(a) + len(b), len(a), np.random.default_rng(seed))
     est = float(a.mean() - b.mean())
-    p = _two_sample_p(a, b, masks)
     spread = float(np.concatenate([a - a.mean(), b - b.mean()]).std()) or abs(est) or 1.0
     lo, hi = _invert(lambda d: _two_sample_p(a - d, b, masks), est, spread, alpha)
-    sd = math.sqrt((a.var(ddof=1) * (len(a) - 1) + b.var(ddof=1) * (len(b) - 1)) / max(len(a) + len(b) - 2, 1)) \
-        if len(a) > 1 and len(b) > 1 else math.nan
-    return Comparison(len(a), len(b), est, lo, hi, p, hedges_g(a, b), min_detectable(sd, len(a), len(b), alpha),
-                      _verdict(lo, hi, expect, min(len(a), len(b))),
-                      "two-sided exact permutation test of the difference of means; CI by test inversion")
+    verdict = _verdict(lo, hi, expect, min(len(a), len(b)), margin)
+    return Comparison(len(a), len(b), "mean difference", est, lo, hi, _two_sample_p(a, b, masks), hedges_g(a, b),
+                      min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), verdict, test)
 
 
 def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -> Comparison:
-    """Is mean(a) greater (less) than a fixed value? One-sample t-test and its interval.
-
-    (A sign-flip permutation test cannot reject at level 0.05 two-sided with 5 seeds: its smallest
-    p-value is 2/32. The t-interval is the standard choice for a mean of a few seeds.)"""
-    from scipy.stats import t as student_t
-
+    """Is mean(a) greater (less) than a fixed value? One-sample t-test and its interval."""
     a = _clean(a)
+    test = f"one-sample t-test of the mean against {value:g}"
     if len(a) < 2:
-        return Comparison(len(a), 0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, INCONCLUSIVE,
-                          "one-sample t-test: needs at least 2 runs")
-    est = float(a.mean() - value)
-    sd = float(a.std(ddof=1))
+        return Comparison.undecided(len(a), f"mean − {value:g}", test + ": needs at least 2 runs")
+    est, sd = float(a.mean() - value), float(a.std(ddof=1))
     se = sd / math.sqrt(len(a))
-    if se == 0:
-        lo = hi = est
-        p = 0.0 if est else 1.0
-    else:
-        q = float(student_t.ppf(1 - alpha / 2, len(a) - 1))
-        lo, hi = est - q * se, est + q * se
-        p = float(2 * student_t.sf(abs(est) / se, len(a) - 1))
+    q = float(student_t.ppf(1 - alpha / 2, len(a) - 1))
+    lo, hi = est - q * se, est + q * se
+    p = float(2 * student_t.sf(abs(est) / se if se else math.inf if est else 0.0, len(a) - 1))
     g = est / sd if sd else math.copysign(math.inf, est) if est else 0.0
-    return Comparison(len(a), 0, est, lo, hi, p, g, min_detectable(sd, len(a), None, alpha),
-                      _verdict(lo, hi, expect, len(a)), f"two-sided one-sample t-test of the mean against {value:g}")
+    return Comparison(len(a), 0, f"mean − {value:g}", est, lo, hi, p, g, min_detectable(sd, len(a), None, alpha),
+                      _verdict(lo, hi, expect, len(a)), test)
+
+
+def rate_vs_half(k: int, n: int, expect: str = "greater", what: str = "rate", alpha: float = ALPHA) -> Comparison:
+    """Is the rate k/n above (below) 1/2? Exact one-sided binomial test, Clopper-Pearson interval
+    at level 1 - 2 alpha; the test names the smallest count that decides at this n."""
+    side = "greater" if expect == "greater" else "less"
+    decides = [j for j in range(n + 1) if binomtest(j, n, 0.5, alternative=side).pvalue < alpha] if n else []
+    need = (f"decides at ≥ {min(decides)}/{n}" if side == "greater" else f"at ≤ {max(decides)}/{n}") if decides \
+        else f"cannot decide with n = {n}"
+    test = f"exact one-sided binomial test of {what} {'>' if side == 'greater' else '<'} 1/2 ({need})"
+    if n == 0:
+        return Comparison.undecided(0, what, test)
+    lo, hi = proportion_ci(k, n, 2 * alpha)
+    h = 2 * math.asin(math.sqrt(k / n)) - math.pi / 2  # Cohen's h against 1/2
+    return Comparison(n, 0, what, k / n, lo, hi, binomtest(k, n, 0.5, alternative=side).pvalue, h, math.nan,
+                      _verdict(lo - 0.5, hi - 0.5, side, n), test, level=1 - 2 * alpha)
 
 
 def censor(collapse_steps, budget: float) -> np.ndarray:
@@ -199,26 +200,9 @@ def censor(collapse_steps, budget: float) -> np.ndarray:
                      for s in collapse_steps], dtype=float)
 
 
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
-
-
-def _solve(f, target: float, increasing: bool) -> float:
-    """p in [0, 1] with f(p) = target for f monotone in p (bisection)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if (f(mid) < target) == increasing:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def proportion_ci(k: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     """Clopper-Pearson (exact binomial) two-sided interval for k successes in n trials."""
     if n == 0:
         return math.nan, math.nan
-    lo = 0.0 if k == 0 else _solve(lambda p: 1 - _binom_cdf(k - 1, n, p), alpha / 2, increasing=True)
-    hi = 1.0 if k == n else _solve(lambda p: _binom_cdf(k, n, p), alpha / 2, increasing=False)
-    return lo, hi
+    ci = binomtest(k, n).proportion_ci(1 - alpha, method="exact")
+    return float(ci.low), float(ci.high)

@@ -1,10 +1,6 @@
 """Synthetic finished ablations written straight into an MLflow store, in the trainer's and the
-ablation runner's formats (tags, metric keys and artifacts of harness/keys.py).
-
-For the tests of analysis/ and reports/, and for previewing figures and reports without training:
-
-    python -m analysis.synthetic --tracking-uri sqlite:///demo.db
-    python -m reports.build vanilla kl_eta --tracking-uri sqlite:///demo.db --out /tmp/demo-reports
+ablation runner's formats (harness/keys.py), for the tests of analysis/ and reports/ and for
+previews (`python -m analysis.synthetic --tracking-uri sqlite:///demo.db`, see reports/README.md).
 
 Curves are shaped like the paper's (paper-notes section 6): reward rises; a collapsing variant's
 reward shoots up after `collapse_at` while gold reward falls, KL climbs, perplexity drops toward
@@ -16,6 +12,7 @@ import argparse
 import time
 import zlib
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 from mlflow.entities import Metric
@@ -50,11 +47,12 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
     ppl_tokens = max(1.001, 0.95 * ppl)
     length = min(LENGTH_CAP, 10 + 4 * frac + 2.0 * after) + e(5)
     m = {
-        K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens, K.PPL_REF: ppl + 0.5,
-        K.LENGTH: length, K.LENGTH_MAX: min(LENGTH_CAP, length + 4), K.FRAC_AT_CAP: 1.0 if after > 3 else 0.05,
-        K.PG_LOSS: -0.01 + e(), K.VF_LOSS: 0.2 * np.exp(-frac) + abs(e()), K.VALUES: 0.3 * reward + e(),
-        K.RETURNS: 0.35 * reward + e(), K.ADV_MEAN: e(0.5), K.ADV_STD: 1.0, K.ADV_RAW_MEAN: e(), K.ADV_RAW_STD: 0.5 + frac,
-        K.ENTROPY: 2.0 - frac + e(), K.KL_COEF: 0.05, K.APPROX_KL: 0.001 + abs(e(0.05)),
+        K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens,
+        K.PPL_REF: ppl + 0.5, K.LENGTH: length, K.LENGTH_MAX: min(LENGTH_CAP, length + 4),
+        K.FRAC_AT_CAP: 1.0 if after > 3 else 0.05, K.PG_LOSS: -0.01 + e(), K.VF_LOSS: 0.2 * np.exp(-frac) + abs(e()),
+        K.VALUES: 0.3 * reward + e(), K.RETURNS: 0.35 * reward + e(), K.ADV_MEAN: e(0.5), K.ADV_STD: 1.0,
+        K.ADV_RAW_MEAN: e(), K.ADV_RAW_STD: 0.5 + frac, K.ENTROPY: 2.0 - frac + e(), K.KL_COEF: 0.05,
+        K.APPROX_KL: 0.001 + abs(e(0.05)),
     }
     if gold:
         m[K.GOLD_SCORE] = 0.3 + 0.5 * curve.reward_slope * t - 0.2 * after + e()
@@ -64,21 +62,22 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
 def _log_all(tracking_uri: str, run_id: str, per_step: dict[int, dict[str, float]]) -> None:
     ts = int(time.time() * 1000)
     batch = [Metric(k, float(v), ts, s) for s, ms in per_step.items() for k, v in ms.items()]
-    c = tracking.client(tracking_uri)
     for i in range(0, len(batch), 1000):
-        c.log_batch(run_id, metrics=batch[i : i + 1000])
+        tracking.client(tracking_uri).log_batch(run_id, metrics=batch[i : i + 1000])
 
 
 def _samples(variant: str, step: int, collapsed: bool, metrics: dict[str, float], n: int = 3) -> dict:
-    rows = []
-    for i in range(n):
-        if collapsed:
-            response = "great " * 60 + "!!!" + "a" * 200  # run on past the report's clip, one word to wrap
-        else:
-            response = f"({variant}) a short helpful answer number {i}, step {step}."
-        rows.append({"prompt": f"prompt {i}: please explain item {i}", "response": response,
-                     "rm_score": metrics[K.RM_SCORE], "gold_score": metrics.get(K.GOLD_SCORE), "length": metrics[K.LENGTH]})
+    # a collapsed response runs on past the report's clip, with one word too long to wrap
+    rows = [{"prompt": f"prompt {i}: please explain item {i}", "rm_score": metrics[K.RM_SCORE],
+             "response": "great " * 60 + "!!!" + "a" * 200 if collapsed else f"({variant}) a short helpful answer "
+                                                                               f"number {i}, step {step}.",
+             "gold_score": metrics.get(K.GOLD_SCORE), "length": metrics[K.LENGTH]} for i in range(n)]
     return {"step": step, "rows": rows}
+
+
+def _parent(tracking_uri: str, name: str, figure: str) -> str:
+    return tracking.start_run(tracking_uri, name, f"{name}-parent",
+                              tags={K.TAG_ROLE: "parent", K.TAG_ABLATION: name, K.TAG_FIGURE: figure})
 
 
 def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, Curve], *, seeds=(0, 1),
@@ -87,8 +86,7 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
     """A parent run (harness.role=parent) in experiment `name` and one finished child run per
     (variant, seed); returns the parent run id. Runs of `old_seeds` imitate a harness from before
     objective/ppl_tokens existed (they do not log it)."""
-    parent = tracking.start_run(tracking_uri, name, f"{name}-parent",
-                                tags={K.TAG_ROLE: "parent", K.TAG_ABLATION: name, K.TAG_FIGURE: figure})
+    parent = _parent(tracking_uri, name, figure)
     for vi, (variant, curve) in enumerate(curves.items()):
         for seed in seeds:
             rng = np.random.default_rng(zlib.crc32(f"{name}/{variant}/{seed}".encode()))
@@ -97,16 +95,16 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
                 K.TAG_ROLE: "train", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant,
                 K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic",
             })
-            per_step = {s: step_metrics(curve, s, steps, rng, offset, gold) for s in range(1, steps + 1)}
-            if seed in old_seeds:
-                for m in per_step.values():
-                    del m[K.PPL_TOKENS]
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
+            after = (lambda s: max(0, s - curve.collapse_at)) if collapsed else (lambda s: 0)  # noqa: E731
+            per_step = {s: step_metrics(curve, s, steps, rng, offset, gold) for s in range(1, steps + 1)}
+            for s, m in per_step.items():
+                if seed in old_seeds:
+                    del m[K.PPL_TOKENS]
+                if win_rate and s % 5 == 0:
+                    m[K.EVAL_WIN_RATE] = float(np.clip(0.5 + 0.01 * s - 0.05 * after(s), 0, 1))
             if collapsed:
                 per_step[curve.collapse_at][K.COLLAPSE_STEP] = curve.collapse_at
-            if win_rate:
-                for s in range(5, steps + 1, 5):
-                    per_step[s][K.EVAL_WIN_RATE] = float(np.clip(0.5 + 0.01 * s - (0.05 * (s - curve.collapse_at) if collapsed and s > curve.collapse_at else 0), 0, 1))
             _log_all(tracking_uri, rid, per_step)
             for s in sorted({*(range(sample_every, steps + 1, sample_every) if sample_every else []), steps}):
                 late = collapsed and s >= curve.collapse_at
@@ -114,9 +112,8 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
                                            f"{K.SAMPLES_DIR}/step_{s:06d}.json")
             if eval_every:
                 for s in range(eval_every, steps + 1, eval_every):
-                    late = max(0, s - curve.collapse_at) if collapsed else 0
                     rm = rng.normal(per_step[s][K.RM_SCORE], 0.5, 64)
-                    rm[:8] += rng.exponential(0.5 + 0.4 * min(late, 10), 8)  # the long tail after collapse (Fig. 13)
+                    rm[:16] += rng.exponential(0.5 + 0.4 * min(after(s), 10), 16)  # Fig. 13's long tail
                     tracking.log_json_artifact(tracking_uri, rid, {"step": s, "rm": rm.tolist(), "gold": []},
                                                f"{K.EVAL_SCORES_DIR}/rm_scores_step_{s:06d}.json")
             tracking.set_tags(tracking_uri, rid, {K.TAG_COLLAPSED: str(collapsed).lower()})
@@ -129,23 +126,16 @@ def write_world_ablation(tracking_uri: str, name: str, figure: str, rms: dict[st
                          pairs: int = 200) -> str:
     """World runs (harness.role=world) under a parent, one per RM; `rms` maps the RM's name to
     its final held-out accuracy, which shapes both the accuracy curves and the score differences."""
-    parent = tracking.start_run(tracking_uri, name, f"{name}-parent",
-                                tags={K.TAG_ROLE: "parent", K.TAG_ABLATION: name, K.TAG_FIGURE: figure})
+    parent = _parent(tracking_uri, name, figure)
     for vi, (variant, acc) in enumerate(rms.items()):
         rng = np.random.default_rng(zlib.crc32(f"{name}/{variant}".encode()))
         rid = tracking.start_run(tracking_uri, name, f"{name}-world-{vi}", parent_run_id=parent, tags={
             K.TAG_ROLE: "world", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant, K.TAG_SEED: "0",
         })
-        per_step = {}
-        for s in range(1, rm_steps + 1):
-            f = s / rm_steps
-            per_step[s] = {K.RM_TRAIN_ACC: 0.5 + (acc + 0.05 - 0.5) * f, K.RM_EVAL_ACC: 0.5 + (acc - 0.5) * f,
-                           K.RM_TRAIN_LOSS: 0.69 * (1 - 0.5 * f)}
-        _log_all(tracking_uri, rid, per_step)
-        # A normal with P(diff > 0) = acc: mean = sd * Phi^-1(acc).
-        from statistics import NormalDist
-
-        mu = NormalDist().inv_cdf(min(max(acc, 0.01), 0.99))
+        _log_all(tracking_uri, rid, {s: {
+            K.RM_TRAIN_ACC: 0.5 + (acc + 0.05 - 0.5) * s / rm_steps, K.RM_EVAL_ACC: 0.5 + (acc - 0.5) * s / rm_steps,
+            K.RM_TRAIN_LOSS: 0.69 * (1 - 0.5 * s / rm_steps)} for s in range(1, rm_steps + 1)})
+        mu = NormalDist().inv_cdf(min(max(acc, 0.01), 0.99))  # a normal with P(diff > 0) = acc: mean = Phi^-1(acc)
         tracking.log_json_artifact(tracking_uri, rid, {"diff": rng.normal(mu, 1.0, pairs).tolist()}, K.RM_SCORE_DIFF)
         tracking.end_run(tracking_uri, rid)
     tracking.end_run(tracking_uri, parent)
@@ -154,12 +144,12 @@ def write_world_ablation(tracking_uri: str, name: str, figure: str, rms: dict[st
 
 def write_demo(tracking_uri: str) -> list[str]:
     """A few paper-shaped ablations for previewing figures and reports; returns their names."""
-    write_ablation(tracking_uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=40)}, seeds=(0, 1, 2), steps=60,
+    write_ablation(tracking_uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=40)}, seeds=range(5), steps=60,
                    eval_every=10, win_rate=True)
     write_ablation(tracking_uri, "kl_eta", "15", {
         "KL penalty η=0.05": Curve(kl_slope=0.006), "KL penalty η=0.1": Curve(kl_slope=0.004),
         "KL penalty η=0.2": Curve(kl_slope=0.002),
-    }, seeds=(0, 1, 2), steps=60)
+    }, seeds=range(5), steps=60)
     write_world_ablation(tracking_uri, "rm_scores", "2", {"reward model": 0.8, "reward model, 1/4 of the pairs": 0.65})
     return ["vanilla", "kl_eta", "rm_scores"]
 

@@ -1,11 +1,8 @@
-"""One number per run, and mean ± sd over seeds: the reductions behind every final/peak table
-(the runner's end-of-grid table and the report's, through analysis.summary), so a heading means
-the same thing everywhere.
-
-- final: mean over the last FINAL_TAIL fraction of a run's logged steps (at least one step),
-  so one noisy last batch does not decide a verdict; initial: the same over the first steps;
-  rise = final - initial;
-- peak: the largest logged value; min, mean, last: as named; volatility: std of step-to-step changes.
+"""One number per run, and mean ± sd over seeds, behind every final/peak table (the runner's
+end-of-grid table and reports.build.final_peak_table), so a heading means the same everywhere.
+final: mean over the last FINAL_TAIL of a run's logged steps (at least one step), so one noisy
+last batch does not decide a verdict; initial: the same over the first steps; rise = final -
+initial; peak: the largest value; min, mean, last: as named; volatility: std of step-to-step changes.
 """
 from __future__ import annotations
 
@@ -17,54 +14,36 @@ from . import keys as K
 
 FINAL_TAIL = 0.1
 """Fraction of a run's logged steps that `final` (and `initial`) average over."""
-
-STATS = ("final", "initial", "rise", "peak", "min", "mean", "volatility", "last")
-
 TRAIN_TABLE = [
-    ("final RM score", K.RM_SCORE, "final"),
-    ("peak RM score", K.RM_SCORE, "peak"),
-    ("final gold", K.GOLD_SCORE, "final"),
-    ("peak gold", K.GOLD_SCORE, "peak"),
-    ("final KL", K.KL, "final"),
-    ("final ppl", K.PPL, "final"),
-    ("final length", K.LENGTH, "final"),
+    ("final RM score", K.RM_SCORE, "final"), ("peak RM score", K.RM_SCORE, "peak"),
+    ("final gold", K.GOLD_SCORE, "final"), ("peak gold", K.GOLD_SCORE, "peak"),
+    ("final KL", K.KL, "final"), ("final ppl", K.PPL, "final"), ("final length", K.LENGTH, "final"),
 ]
 """Columns of a train grid's final/peak table: (header, metric, statistic)."""
-WORLD_TABLE = [
-    ("final RM train acc", K.RM_TRAIN_ACC, "final"),
-    ("final RM eval acc", K.RM_EVAL_ACC, "final"),
-    ("final RM train loss", K.RM_TRAIN_LOSS, "final"),
-]
+WORLD_TABLE = [("final RM train acc", K.RM_TRAIN_ACC, "final"), ("final RM eval acc", K.RM_EVAL_ACC, "final"),
+               ("final RM train loss", K.RM_TRAIN_LOSS, "final")]
 """Columns of a world (reward-model) grid's final table."""
 
 
-def _tail(values: np.ndarray, frac: float, end: bool) -> np.ndarray:
-    n = max(1, math.ceil(frac * len(values)))
-    return values[-n:] if end else values[:n]
+def _tail(values: np.ndarray, end: bool) -> float:
+    n = max(1, math.ceil(FINAL_TAIL * len(values)))
+    return float((values[-n:] if end else values[:n]).mean())
+
+
+REDUCTIONS = {
+    "final": lambda v: _tail(v, True), "initial": lambda v: _tail(v, False),
+    "rise": lambda v: _tail(v, True) - _tail(v, False), "peak": np.max, "min": np.min, "mean": np.mean,
+    "volatility": lambda v: np.diff(v).std() if v.size > 2 else float("nan"), "last": lambda v: v[-1],
+}
+"""Each statistic's reduction of one run's values in step order (definitions: the module doc)."""
 
 
 def reduce_run(values, stat: str) -> float:
-    """One number from one run's values in step order (see the module doc for the definitions)."""
+    """One number from one run's values in step order (NaN for no values)."""
+    if stat not in REDUCTIONS:
+        raise ValueError(f"unknown statistic {stat!r}; allowed: {', '.join(REDUCTIONS)}")
     v = np.asarray(values, dtype=float)
-    if v.size == 0:
-        return float("nan")
-    if stat == "final":
-        return float(_tail(v, FINAL_TAIL, True).mean())
-    if stat == "initial":
-        return float(_tail(v, FINAL_TAIL, False).mean())
-    if stat == "rise":
-        return float(_tail(v, FINAL_TAIL, True).mean() - _tail(v, FINAL_TAIL, False).mean())
-    if stat == "peak":
-        return float(v.max())
-    if stat == "min":
-        return float(v.min())
-    if stat == "mean":
-        return float(v.mean())
-    if stat == "last":
-        return float(v[-1])
-    if stat == "volatility":
-        return float(np.diff(v).std()) if v.size > 2 else float("nan")
-    raise ValueError(f"unknown statistic {stat!r}; allowed: {', '.join(STATS)}")
+    return float(REDUCTIONS[stat](v)) if v.size else float("nan")
 
 
 def describe(values) -> dict[str, float]:
@@ -77,9 +56,7 @@ def describe(values) -> dict[str, float]:
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{x:.{digits}g}"
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}g}"
 
 
 def fmt_mean_sd(d: dict[str, float]) -> str:

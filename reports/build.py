@@ -3,19 +3,9 @@
     python -m reports.build [ABLATION ...] [--tracking-uri URI] [--out results/] [--smooth K]
     python -m reports.build --reference     # rebuild the committed reports/ (on purpose only)
 
-Writes OUT/<ablation>/report.pdf per ablation (with its figure.png/.pdf) and OUT/harness-report.pdf
-with all of them, OUT = results/ (ignored by git); `--reference` writes the committed reports/ and
-reports/provenance.json (commit, uncommitted changes, library versions, world hash). Each report:
-a title page (date, git commit, machine), then per ablation the grid (what each variant changes),
-the figure, final/peak metrics per variant (mean ± sd over seeds), its YAML's claims (the paper's,
-or ours) with verdicts and numbers, and sample responses from each variant's last sampled step.
-An ABLATION that is a sweep (YAML with `search_space`) gets a section from
-analysis.sweep_plots.sweep_summary. No ABLATION: every registry entry
-(and store-only experiment). An ablation without runs is skipped with a message, never drawn
-empty, and the combined report is built only when every ablation in it has runs.
-
-Fonts: DejaVu Sans from matplotlib's own data folder, so δ, η, λ print everywhere (the PDF base
-fonts have no Greek) and no system font is needed.
+Per ablation: grid, figure, final/peak metrics, claims with their tests and verdicts, samples (a
+sweep: analysis.sweep_plots' summary). Fonts: DejaVu Sans from matplotlib's data folder, so δ, η,
+λ print everywhere. Outputs and how to read them: reports/README.md.
 """
 from __future__ import annotations
 
@@ -23,6 +13,7 @@ import argparse
 import datetime as _dt
 import importlib
 import json
+import math
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -37,17 +28,20 @@ from reportlab.lib.enums import TA_CENTER
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle
 from reportlab.lib.units import cm
+from reportlab.pdfbase.pdfmetrics import stringWidth
 from reportlab.platypus import (
     CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
 )
 
-from analysis.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, check_claims
+from analysis.claims import check_claims
 from analysis.figures import make_figures
+from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED
 from analysis.store import AblationData, ablations_in_store, default_tracking_uri, find_runs, load_ablation
-from analysis.summary import final_peak_table
+from harness import keys as K
 from harness import provenance, tracking
-from harness.tracking import redact
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
+from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
+from harness.tracking import redact
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
 # runs in pure Python here and costs about a second per report for nothing a reader sees.
@@ -57,6 +51,7 @@ PAGE = A4
 MARGIN = 2 * cm
 FRAME_W = PAGE[0] - 2 * MARGIN
 FRAME_H = PAGE[1] - 2 * MARGIN
+CELL_PAD = 3
 SAMPLES_PER_VARIANT = 2
 MAX_RESPONSE_CHARS = 500
 MAX_SWEEP_ROWS = 40
@@ -64,55 +59,36 @@ SWEEP_COLS_PER_TABLE = 7
 COMBINED = "harness-report.pdf"
 RESULTS = "results"  # what a user's build writes (ignored by git)
 REFERENCE = REPO_ROOT / "reports"  # the committed reports, rebuilt only with --reference
-VERDICT_COLORS = {
-    REPRODUCED: colors.HexColor("#d9f2d9"),
-    NOT_REPRODUCED: colors.HexColor("#f8d7d7"),
-    INCONCLUSIVE: colors.HexColor("#fdf0c8"),
-}
+VERDICT_COLORS = {REPRODUCED: "#d9f2d9", NOT_REPRODUCED: "#f8d7d7", INCONCLUSIVE: "#fdf0c8"}
 
 
-# --------------------------------------------------------------------------------------------
-# Fonts and styles
-# --------------------------------------------------------------------------------------------
-def register_fonts() -> tuple[str, str, str]:
-    """DejaVu Sans (regular, bold) and Sans Mono from matplotlib's data folder."""
+def make_styles() -> dict[str, ParagraphStyle]:
+    """Paragraph styles in DejaVu Sans and Sans Mono (registered from matplotlib's data folder)."""
     from matplotlib import get_data_path
     from reportlab.lib.fonts import addMapping
     from reportlab.pdfbase import pdfmetrics
     from reportlab.pdfbase.ttfonts import TTFont
 
-    ttf = Path(get_data_path()) / "fonts" / "ttf"
-    names = {"DejaVuSans": "DejaVuSans.ttf", "DejaVuSans-Bold": "DejaVuSans-Bold.ttf",
-             "DejaVuSans-Oblique": "DejaVuSans-Oblique.ttf", "DejaVuSansMono": "DejaVuSansMono.ttf"}
-    for name, file in names.items():
+    for name in ("DejaVuSans", "DejaVuSans-Bold", "DejaVuSans-Oblique", "DejaVuSansMono"):
         if name not in pdfmetrics.getRegisteredFontNames():
-            pdfmetrics.registerFont(TTFont(name, str(ttf / file)))
-    addMapping("DejaVuSans", 0, 0, "DejaVuSans")
-    addMapping("DejaVuSans", 1, 0, "DejaVuSans-Bold")
-    addMapping("DejaVuSans", 0, 1, "DejaVuSans-Oblique")
-    addMapping("DejaVuSans", 1, 1, "DejaVuSans-Bold")
-    return "DejaVuSans", "DejaVuSans-Bold", "DejaVuSansMono"
+            pdfmetrics.registerFont(TTFont(name, str(Path(get_data_path()) / "fonts" / "ttf" / f"{name}.ttf")))
+    for bold, italic, face in ((0, 0, ""), (1, 0, "-Bold"), (0, 1, "-Oblique"), (1, 1, "-Bold")):
+        addMapping("DejaVuSans", bold, italic, f"DejaVuSans{face}")
+    base = ParagraphStyle("body", fontName="DejaVuSans", fontSize=9, leading=12, splitLongWords=1)
 
+    def style(name: str, size: float, leading: float, **kw) -> ParagraphStyle:
+        return ParagraphStyle(name, parent=base, fontSize=size, leading=leading, **kw)
 
-def make_styles() -> dict[str, ParagraphStyle]:
-    regular, bold, mono = register_fonts()
-    base = ParagraphStyle("body", fontName=regular, fontSize=9, leading=12, splitLongWords=1)
     return {
-        "body": base,
-        "small": ParagraphStyle("small", parent=base, fontSize=7.5, leading=9.5),
-        "cell": ParagraphStyle("cell", parent=base, fontSize=7.5, leading=9.3),
-        "cellb": ParagraphStyle("cellb", parent=base, fontName=bold, fontSize=7.5, leading=9.3),
-        "mono": ParagraphStyle("mono", parent=base, fontName=mono, fontSize=7, leading=8.8),
-        "title": ParagraphStyle("title", parent=base, fontName=bold, fontSize=22, leading=28, alignment=TA_CENTER),
-        "subtitle": ParagraphStyle("subtitle", parent=base, fontSize=11, leading=15, alignment=TA_CENTER),
-        # keepWithNext: a heading never ends a page without what it heads.
-        "h1": ParagraphStyle("h1", parent=base, fontName=bold, fontSize=14, leading=18, spaceBefore=4, spaceAfter=6,
-                             keepWithNext=1),
-        "h2": ParagraphStyle("h2", parent=base, fontName=bold, fontSize=11, leading=14, spaceBefore=10, spaceAfter=4,
-                             keepWithNext=1),
-        "h3": ParagraphStyle("h3", parent=base, fontName=bold, fontSize=9, leading=12, spaceBefore=6, spaceAfter=2,
-                             keepWithNext=1),
-        "note": ParagraphStyle("note", parent=base, fontSize=8, leading=10.5, textColor=colors.HexColor("#555555")),
+        "body": base, "cell": style("cell", 7.5, 9.3), "mono": style("mono", 7, 8.8, fontName="DejaVuSansMono"),
+        # header cells wrap between words only (never "accura-cy"); `table` widens columns to fit
+        "cellb": style("cellb", 7.5, 9.3, fontName="DejaVuSans-Bold", splitLongWords=0),
+        "title": style("title", 22, 28, fontName="DejaVuSans-Bold", alignment=TA_CENTER),
+        "subtitle": style("subtitle", 11, 15, alignment=TA_CENTER),
+        # keepWithNext: a heading never ends a page without what it heads
+        **{f"h{i}": style(f"h{i}", size, size * 1.3, fontName="DejaVuSans-Bold", spaceBefore=b, spaceAfter=a,
+                          keepWithNext=1) for i, (size, b, a) in enumerate([(14, 4, 6), (11, 10, 4), (9, 6, 2)], 1)},
+        "note": style("note", 8, 10.5, textColor=colors.HexColor("#555555")),
     }
 
 
@@ -121,19 +97,28 @@ def P(text: Any, style: ParagraphStyle) -> Paragraph:
     return Paragraph(escape(str(text)).replace("\n", "<br/>"), style)
 
 
+def _fit_header(rows: list[list[Any]], widths: list[float], st: dict[str, ParagraphStyle]) -> list[float]:
+    """Column widths (points) from fractions of the frame, each at least as wide as the longest
+    word of its header; the other columns give up the difference in proportion to their slack."""
+    head = st["cellb"]
+    need = [max((stringWidth(w, head.fontName, head.fontSize) for w in str(h).split()), default=0) + 2 * CELL_PAD + 1
+            for h in rows[0]]
+    width = [max(f * FRAME_W, n) for f, n in zip(widths, need)]
+    slack = [w - n for w, n in zip(width, need)]
+    excess = sum(width) - FRAME_W
+    return [w - excess * s / sum(slack) if excess > 0 and sum(slack) else w for w, s in zip(width, slack)]
+
+
 def table(rows: list[list[Any]], widths: list[float], st: dict[str, ParagraphStyle], *, header: bool = True,
           extra: list[tuple] | None = None) -> Table:
-    """Wrapping table: every cell a Paragraph, widths as fractions of the frame, header repeats
-    on each page."""
+    """Wrapping table: every cell a Paragraph, widths as fractions of the frame, header on each page."""
     cells = [[c if isinstance(c, Paragraph) else P(c, st["cellb" if header and i == 0 else "cell"]) for c in row]
              for i, row in enumerate(rows)]
-    t = Table(cells, colWidths=[w * FRAME_W for w in widths], repeatRows=1 if header else 0, hAlign="LEFT")
-    style = [
-        ("VALIGN", (0, 0), (-1, -1), "TOP"),
-        ("GRID", (0, 0), (-1, -1), 0.3, colors.HexColor("#bbbbbb")),
-        ("LEFTPADDING", (0, 0), (-1, -1), 3), ("RIGHTPADDING", (0, 0), (-1, -1), 3),
-        ("TOPPADDING", (0, 0), (-1, -1), 2), ("BOTTOMPADDING", (0, 0), (-1, -1), 2),
-    ]
+    t = Table(cells, colWidths=_fit_header(rows, widths, st) if header else [w * FRAME_W for w in widths],
+              repeatRows=1 if header else 0, hAlign="LEFT")
+    style = [("VALIGN", (0, 0), (-1, -1), "TOP"), ("GRID", (0, 0), (-1, -1), 0.3, colors.HexColor("#bbbbbb")),
+             ("LEFTPADDING", (0, 0), (-1, -1), CELL_PAD), ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PAD),
+             ("TOPPADDING", (0, 0), (-1, -1), 2), ("BOTTOMPADDING", (0, 0), (-1, -1), 2)]
     if header:
         style.append(("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#e8e8e8")))
     t.setStyle(TableStyle(style + (extra or [])))
@@ -141,13 +126,17 @@ def table(rows: list[list[Any]], widths: list[float], st: dict[str, ParagraphSty
 
 
 class FitImage(Image):
-    """An image that shrinks (down to `min_scale` of its size) to fill what is left of the page
-    rather than leave half a page blank; smaller than that it moves to the next page."""
+    """Shrinks (to `min_scale` at most) to fill the rest of a page rather than leave it blank, else moves on."""
 
-    def __init__(self, path: str, width: float, height: float, min_scale: float = 0.8):
-        super().__init__(path, width=width, height=height)
-        self.full = (width, height)
-        self.min_scale = min_scale
+    min_scale = 0.8
+
+    def __init__(self, path: Path, max_h: float):
+        from reportlab.lib.utils import ImageReader
+
+        w, h = ImageReader(str(path)).getSize()
+        scale = min(FRAME_W / w, max_h / h)  # frame width, or smaller to fit max_h; aspect kept
+        super().__init__(str(path), width=w * scale, height=h * scale)
+        self.full = (w * scale, h * scale)
 
     def wrap(self, avail_w, avail_h):
         w, h = self.full
@@ -158,62 +147,35 @@ class FitImage(Image):
         return self.drawWidth, self.drawHeight
 
 
-def figure_image(path: Path, max_h: float = FRAME_H * 0.8) -> FitImage:
-    """The PNG at frame width (or smaller, to fit `max_h`), aspect kept."""
-    from reportlab.lib.utils import ImageReader
-
-    w, h = ImageReader(str(path)).getSize()
-    scale = min(FRAME_W / w, max_h / h)
-    return FitImage(str(path), width=w * scale, height=h * scale)
-
-
-def figure_block(heading: str, path: Path, st, max_h: float = FRAME_H * 0.85) -> list:
+def figure_block(heading: str, path: Path, st) -> list:
     """Heading + figure on one page. Not keepWithNext: reportlab measures a kept-together group
     at unlimited height, so the image could not shrink into the space left; a conditional page
     break does the same job."""
-    img = figure_image(path, max_h)
+    img = FitImage(path, FRAME_H * 0.85)
     head = ParagraphStyle("figure-heading", parent=st["h2"], keepWithNext=0)
     return [CondPageBreak(img.full[1] * img.min_scale + 2 * head.leading + head.spaceBefore), P(heading, head), img,
             Spacer(1, 4)]
 
 
-# --------------------------------------------------------------------------------------------
-# Title page
-# --------------------------------------------------------------------------------------------
 def machine_info(tracking_uri: str) -> dict[str, str]:
-    """What the title page records: when, which code, which machine and libraries, which store
-    (harness.provenance, the same record every run carries as tags)."""
-    cpu, v = provenance.cpu(), provenance.versions()
+    """The title page's record: when, which code, machine and libraries (harness.provenance), which store."""
+    cpu = provenance.cpu()
     return {
         "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "git commit": provenance.commit(),
         "machine": f"{platform.platform()}; {cpu['model']}, {cpu['logical_cpus']} logical CPUs; flags {cpu['flags']}",
-        "libraries": ", ".join(f"{k} {x}" for k, x in v.items()),
-        "MLflow store": redact(tracking_uri),
+        "libraries": ", ".join(f"{k} {x}" for k, x in provenance.versions().items()),
+        "MLflow store": redact(f"sqlite:///{_relative(tracking_uri[10:])}" if tracking_uri.startswith("sqlite:///")
+                               else tracking_uri),
     }
 
 
-def title_page(info: dict[str, str], sections: list["Section"], st) -> list:
-    out: list = [Spacer(1, 3 * cm), P("Secrets of RLHF: PPO ablation report", st["title"]), Spacer(1, 0.4 * cm),
-                 P("Reproducing “Secrets of RLHF in LLMs Part I: PPO” and the APA paper with the harness",
-                   st["subtitle"]), Spacer(1, 1.5 * cm)]
-    out.append(table([[k, v] for k, v in info.items()], [0.22, 0.78], st, header=False))
-    if sections:
-        out += [Spacer(1, 0.8 * cm), P("Contents", st["h2"])]
-        rows = [["ablation", "figure", "runs", "claims: reproduced / not / inconclusive"]]
-        for s in sections:
-            counts = s.claims["verdict"].value_counts() if not s.claims.empty else {}
-            claim_text = (f"{counts.get(REPRODUCED, 0)} / {counts.get(NOT_REPRODUCED, 0)} / {counts.get(INCONCLUSIVE, 0)}"
-                          if len(s.claims) else "–")
-            rows.append([s.title, s.spec.figure or "–", str(s.n_runs), claim_text])
-        out.append(table(rows, [0.55, 0.1, 0.08, 0.27], st))
-    out.append(PageBreak())
-    return out
+def _relative(path: Path | str) -> str:
+    """A file as the repo names it, else its name: no machine's absolute path in a report."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
 
 
-# --------------------------------------------------------------------------------------------
-# One ablation
-# --------------------------------------------------------------------------------------------
 @dataclass
 class Section:
     """Everything one ablation's pages need, computed once; `flowables` renders it afresh (a
@@ -228,68 +190,39 @@ class Section:
     sweep: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def title(self) -> str:
-        return self.spec.title
-
-    @property
-    def n_runs(self) -> int:
-        return len(self.data.runs)
-
     def flowables(self, st) -> list:
-        out: list = [P(self.title, st["h1"])]
-        out += overview(self, st)
-        for note in self.notes:
-            out.append(P(note, st["note"]))
+        out: list = [P(self.spec.title, st["h1"]), overview(self, st)] + [P(n, st["note"]) for n in self.notes]
         if self.spec.is_sweep:
-            out += sweep_flowables(self, st)
-            return out + [PageBreak()]
+            return out + sweep_flowables(self, st) + [PageBreak()]
         out += [P("Grid: what each variant changes", st["h2"])] + grid_flowables(self.spec, st)
         if self.figure_png is not None:
             out += figure_block("Figure", self.figure_png, st)
         if not self.metrics.empty:
             note = ("mean ± sd over seeds (sample sd; one seed: the value); final = mean of the last 10% of "
                     "logged steps, peak = largest logged value")
-            if "collapsed" in self.metrics.columns:
-                note += "; collapsed = seeds marked collapsed (mean collapse step)"
+            note += "; collapsed = seeds marked collapsed (mean collapse step)" if "collapsed" in self.metrics else ""
             out += [P("Final and peak metrics", st["h2"]), metrics_table(self.metrics, st), P(note + ".", st["note"])]
-        out += [P("Claims", st["h2"])]
-        out += [claims_table(self.claims, st), P("Source: the paper's section, or ours (our own extra check).",
-                                                 st["note"])] if not self.claims.empty else [
-            P(f"{self.spec.path or self.spec.name} states no claims.", st["note"])]
+        out += [P("Claims", st["h2"])] + claims_flowables(self, st)
         if self.spec.kind != "world":  # reward-model runs sample no responses
             out += [P("Sample responses (last sampled step)", st["h2"])] + samples_flowables(self, st)
         return out + [PageBreak()]
 
 
-def overview(sec: Section, st) -> list:
-    spec = sec.spec
-    rows = [["figure", spec.figure or "–"], ["kind", spec.kind]]
-    if spec.description:
-        rows.append(["description", spec.description])
-    if spec.inferred:
-        rows.append(["inferred (not stated by the paper)", "\n".join(spec.inferred)])
-    if spec.base:
-        rows.append(["base config", str(spec.base)])
-    if spec.seeds:
-        rows.append(["seeds (registry)", ", ".join(map(str, spec.seeds))])
-    d, runs = sec.data, sec.data.runs
+def overview(sec: Section, st) -> Table:
+    spec, d, runs = sec.spec, sec.data, sec.data.runs
     status = ", ".join(f"{k} {v}" for k, v in runs["status"].value_counts().items()) or "none"
-    rows.append(["runs in store", f"{len(runs)} ({status})"])
     elsewhere = sorted(set(runs["experiment"]) - {spec.name})
-    if elsewhere:
-        rows.append(["runs read from", f"experiment {', '.join(elsewhere)} (no runs in experiment {spec.name!r}: "
-                                       "the world build's own runs stand in)"])
-    commits = sorted({c for c in runs["git_commit"] if c})
-    if commits:
-        rows.append(["code of the runs", ", ".join(commits)])
-    if d.parent_run_id:
-        rows.append(["parent run", d.parent_run_id])
-    if d.missing_variants:
-        rows.append(["variants without runs", ", ".join(d.missing_variants)])
-    if spec.path:
-        rows.append(["registry file", str(spec.path)])
-    return [table(rows, [0.2, 0.8], st, header=False)]
+    rows = [
+        ["figure", spec.figure or "–"], ["kind", spec.kind], ["description", spec.description],
+        ["inferred (not stated by the paper)", "\n".join(spec.inferred)], ["base config", spec.base or ""],
+        ["seeds (registry)", ", ".join(map(str, spec.seeds))], ["runs in store", f"{len(runs)} ({status})"],
+        ["runs read from", f"experiment {', '.join(elsewhere)} (no runs in experiment {spec.name!r}: the world "
+                           "build's own runs stand in)" if elsewhere else ""],
+        ["code of the runs", ", ".join(sorted({c for c in runs["git_commit"] if c}))],
+        ["parent run", d.parent_run_id or ""], ["variants without runs", ", ".join(d.missing_variants)],
+        ["registry file", _relative(spec.path) if spec.path else ""],
+    ]
+    return table([r for r in rows if r[1]], [0.2, 0.8], st, header=False)
 
 
 def grid_flowables(spec: Registry, st) -> list:
@@ -300,9 +233,8 @@ def grid_flowables(spec: Registry, st) -> list:
     varying = [k for k in keys if len({repr(v.settings.get(k, "(base)")) for v in spec.variants}) > 1]
     shared = {**spec.shared, **{k: spec.variants[0].settings[k] for k in keys if k not in varying}}
     rows = [["variant (legend name)", "settings that differ between variants"]]
-    for v in spec.variants:
-        diff = [f"{k} = {v.settings[k]}" for k in varying if k in v.settings]
-        rows.append([v.name, "\n".join(diff) or "(the base config)"])
+    rows += [[v.name, "\n".join(f"{k} = {v.settings[k]}" for k in varying if k in v.settings) or "(the base config)"]
+             for v in spec.variants]
     out: list = [table(rows, [0.38, 0.62], st)]
     if shared:
         out.append(P("Shared by all variants: " + "; ".join(f"{k} = {v}" for k, v in shared.items())
@@ -311,19 +243,50 @@ def grid_flowables(spec: Registry, st) -> list:
 
 
 def metrics_table(df: pd.DataFrame, st) -> Table:
-    cols = list(df.columns)
-    widths = [0.22] + [0.78 / (len(cols) - 1)] * (len(cols) - 1)
-    return table([cols] + df.astype(str).values.tolist(), widths, st)
+    widths = [0.22] + [0.78 / (df.shape[1] - 1)] * (df.shape[1] - 1)
+    return table([list(df.columns)] + df.astype(str).values.tolist(), widths, st)
 
 
-def claims_table(df: pd.DataFrame, st) -> Table:
-    rows: list[list[Any]] = [["claim", "source", "rule", "numbers", "verdict"]]
-    extra = []
-    for i, r in enumerate(df.itertuples(), start=1):
-        verdict = Paragraph(f"<b>{escape(r.verdict)}</b>" + (f"<br/>{escape(r.reason)}" if r.reason else ""), st["cell"])
-        rows.append([r.claim, r.source, r.rule, r.numbers or "–", verdict])
-        extra.append(("BACKGROUND", (4, i), (4, i), VERDICT_COLORS.get(r.verdict, colors.white)))
-    return table(rows, [0.24, 0.08, 0.22, 0.29, 0.17], st, extra=extra)
+def final_peak_table(data: AblationData) -> pd.DataFrame:
+    """Per variant, mean ± sd over seeds of TRAIN_TABLE / WORLD_TABLE (harness.summary, as the runner's
+    table) and "k/n (mean step)" collapsed; columns without data anywhere (gold on HH-RLHF) dropped."""
+    world = data.spec.kind == "world"
+    columns = WORLD_TABLE if world else TRAIN_TABLE
+    if not world and data.shown_metric(K.PPL) == K.PPL_TOKENS:
+        columns = [("final ppl (token-pooled)", K.PPL_TOKENS, s) if m == K.PPL else (h, m, s) for h, m, s in columns]
+    data.metrics(sorted({m for _, m, _ in columns}))  # one load for all columns
+    table = pd.DataFrame({"variant": data.variants})
+    for header, metric, stat in columns:
+        if not (per_run := data.per_run(metric, stat)).empty:
+            table[header] = [fmt_mean_sd(describe(per_run.value[per_run.variant == v])) for v in table.variant]
+    if not world:  # reward-model runs do not collapse
+        table["collapsed"] = [f"{g['collapsed'].sum()}/{len(g)}" + (
+            f" (step {fmt(g['collapse_step'].mean())})" if g["collapse_step"].notna().any() else "")
+            for g in (data.runs[data.runs["variant"] == v] for v in data.variants)]
+    return table
+
+
+def claims_flowables(sec: Section, st) -> list:
+    """The claims table, then per claim the smallest difference its test finds with 80% power."""
+    if sec.claims.empty:
+        return [P(f"{_relative(sec.spec.path) if sec.spec.path else sec.spec.name} states no claims.", st["note"])]
+    rows: list[list[Any]] = [["claim", "rule; test", "numbers (every part of the rule)", "verdict"]]
+    extra, power = [], []
+    for i, r in enumerate(sec.claims.itertuples(), start=1):
+        why = f"<br/>{escape(r.reason)}" if r.reason else ""
+        verdict = Paragraph(f"<b>{escape(r.verdict)}</b>{why}", st["cell"])
+        rows.append([f"{r.claim} ({r.source})", f"{r.rule}; {r.test if isinstance(r.test, str) else '–'}",
+                     r.numbers or "–", verdict])
+        extra.append(("BACKGROUND", (3, i), (3, i), colors.HexColor(VERDICT_COLORS[r.verdict])))
+        if isinstance(r.min_detectable, float) and math.isfinite(r.min_detectable):
+            power.append(f"“{r.claim}”: with n = {r.n} seeds, a difference smaller than {r.min_detectable:.2g} "
+                         "would not be detected")
+    note = (f"Verdicts: reproduced when the {1 - ALPHA:.0%} interval lies wholly on the claimed side, not reproduced "
+            f"when wholly on the other, else inconclusive; always inconclusive with fewer than {MIN_SEEDS} runs per "
+            f"variant. Source: the paper's section, or ours (our own extra check).")
+    power_note = f"Power ({POWER:.0%}, two-sided α = {ALPHA:g}): " + "; ".join(power) + "." if power else ""
+    return [table(rows, [0.22, 0.26, 0.36, 0.16], st, extra=extra), P(note, st["note"])] + (
+        [P(power_note, st["note"])] if power else [])
 
 
 def _clip(text: Any, n: int = MAX_RESPONSE_CHARS) -> str:
@@ -346,111 +309,89 @@ def samples_flowables(sec: Section, st) -> list:
             head += " — COLLAPSED" + (f" at step {int(run.collapse_step)}" if pd.notna(run.collapse_step) else "")
         rows = [["prompt", "response", "RM / gold / length"]]
         for r in rows_v.head(SAMPLES_PER_VARIANT).itertuples():
-            scores = " / ".join("–" if x is None or pd.isna(x) else f"{float(x):.3g}" for x in (r.rm_score, r.gold_score, r.length))
+            scores = " / ".join(fmt(x) for x in (r.rm_score, r.gold_score, r.length))
             rows.append([P(_clip(r.prompt, 200), st["mono"]), P(_clip(r.response), st["mono"]), scores])
         out.append(KeepTogether([P(head, st["h3"]), table(rows, [0.25, 0.57, 0.18], st)]))
     return out
 
 
 def sweep_flowables(sec: Section, st) -> list:
-    if sec.sweep is None:
-        return []
+    sweep = sec.sweep or {}
     out: list = []
-    best = sec.sweep.get("best") or {}
-    if best:
-        out += [P("Best trial", st["h2"]), table([[str(k), str(v)] for k, v in best.items()], [0.3, 0.7], st, header=False)]
-    for fig in sec.sweep.get("figures") or []:
-        if Path(fig).is_file():
-            # The spacers keep the PNG's opaque white edge off the table rules around it.
-            out += [Spacer(1, 4), figure_image(Path(fig), FRAME_H * 0.6), Spacer(1, 4)]
-    trials = sec.sweep.get("table")
+    if sweep.get("best"):
+        out += [P("Best trial", st["h2"]), table([[str(k), str(v)] for k, v in sweep["best"].items()], [0.3, 0.7], st,
+                                                 header=False)]
+    for fig in sweep.get("figures") or []:
+        if Path(fig).is_file():  # the spacers keep the PNG's opaque white edge off the table rules around it
+            out += [Spacer(1, 4), FitImage(Path(fig), FRAME_H * 0.6), Spacer(1, 4)]
+    trials = sweep.get("table")
     if isinstance(trials, pd.DataFrame) and not trials.empty:
-        shown = trials.head(MAX_SWEEP_ROWS)
+        shown = trials.head(MAX_SWEEP_ROWS).rename(columns=str)
         out.append(P(f"Trials ({len(shown)} of {len(trials)} shown)", st["h2"]))
-        cols = [str(c) for c in shown.columns]
-        # Wide trial tables are split into column groups, the first column repeated in each.
-        groups = [cols[:1] + cols[1:][i:i + SWEEP_COLS_PER_TABLE - 1] for i in range(0, max(len(cols) - 1, 1), SWEEP_COLS_PER_TABLE - 1)]
-        for g in groups:
-            part = shown.copy()
-            part.columns = cols
-            rows = [g] + part[g].map(lambda x: f"{x:.4g}" if isinstance(x, float) else str(x)).values.tolist()
-            out += [table(rows, [1 / len(g)] * len(g), st), Spacer(1, 0.3 * cm)]
+        cols, step = list(shown.columns), SWEEP_COLS_PER_TABLE - 1
+        for i in range(0, max(len(cols) - 1, 1), step):  # wide tables split, the first column repeated in each
+            group = cols[:1] + cols[1:][i:i + step]
+            rows = [group] + shown[group].map(lambda x: fmt(x, 4) if isinstance(x, float) else str(x)).values.tolist()
+            out += [table(rows, [1 / len(group)] * len(group), st), Spacer(1, 0.3 * cm)]
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Building
-# --------------------------------------------------------------------------------------------
-def load_sweep_summary(spec: Registry, tracking_uri: str, out_dir: Path) -> tuple[dict | None, str | None]:
-    """(summary, None) from analysis.sweep_plots (imported here: it loads optuna), or (None, why not)."""
-    try:
-        return importlib.import_module("analysis.sweep_plots").sweep_summary(str(spec.path), tracking_uri,
-                                                                              out_dir=out_dir), None
-    except Exception as e:  # a broken sweep should not take the other sections down
-        return None, f"analysis.sweep_plots.sweep_summary failed: {type(e).__name__}: {e}"
-
-
 def has_runs(spec: Registry, tracking_uri: str) -> bool:
-    """A train/world ablation: runs in its experiment (world: or the world build's); a sweep: its
-    experiment exists (the sweep logs its parent run there)."""
+    """Runs in its experiment (world: or the world build's); a sweep: the experiment of its parent run."""
     if spec.is_sweep:
         return tracking.client(tracking_uri).get_experiment_by_name(spec.name) is not None
     return not find_runs(tracking_uri, spec.name, world_fallback=spec.kind == "world").empty
 
 
 def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures: bool = True) -> Section:
-    spec = data.spec
-    sec = Section(spec=spec, data=data)
-    if spec.is_sweep:
-        sec.sweep, why = load_sweep_summary(spec, data.tracking_uri, out / spec.name)
-        if why:
-            sec.notes.append(why)
+    sec = Section(spec=data.spec, data=data)
+    if data.spec.is_sweep:
+        try:  # imported here: it loads optuna; a broken sweep should not take the other sections down
+            sec.sweep = importlib.import_module("analysis.sweep_plots").sweep_summary(
+                str(data.spec.path), data.tracking_uri, out_dir=out / data.name)
+        except Exception as e:
+            sec.notes.append(f"analysis.sweep_plots.sweep_summary failed: {type(e).__name__}: {e}")
         return sec
-    fig = make_figures(spec, data.tracking_uri, smooth_k, out, log_to_parent=log_figures, data=data)
-    sec.figure_png = fig.paths[0]
+    sec.figure_png = make_figures(data.name, None, smooth_k, out, log_figures, data=data).paths[0]
     sec.metrics = final_peak_table(data)
     sec.samples = data.samples(SAMPLES_PER_VARIANT)
     sec.claims = check_claims(data)
     return sec
 
 
-def _footer(label: str):
-    def draw(canvas, doc):
+def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> Path:
+    """A title page (naming the ablation of a one-section report), contents, then every section."""
+    one = len(sections) == 1
+    title = f"Ablation report: {sections[0].spec.title}" if one else "Secrets of RLHF: PPO ablation report"
+    story: list = [Spacer(1, 3 * cm), P(title, st["title"]), Spacer(1, 0.4 * cm),
+                   P("Reproducing “Secrets of RLHF in LLMs Part I: PPO” and the APA paper with the harness",
+                     st["subtitle"]), Spacer(1, 1.5 * cm), table([[k, v] for k, v in info.items()], [0.22, 0.78], st,
+                                                                  header=False)]
+    if sections:
+        rows = [["ablation", "figure", "runs", "claims: reproduced / not / inconclusive"]]
+        for s in sections:
+            counts = s.claims["verdict"].value_counts() if not s.claims.empty else {}
+            rows.append([s.spec.title, s.spec.figure or "–", str(len(s.data.runs)), " / ".join(
+                str(counts.get(v, 0)) for v in VERDICT_COLORS) if len(s.claims) else "–"])
+        story += [Spacer(1, 0.8 * cm), P("Contents", st["h2"]), table(rows, [0.55, 0.1, 0.08, 0.27], st)]
+    story.append(PageBreak())
+    for s in sections:
+        story += s.flowables(st)
+    label = "harness report" + (f" · {sections[0].spec.name}" if one else "")
+
+    def footer(canvas, doc):
         canvas.saveState()
         canvas.setFont("DejaVuSans", 7)
         canvas.setFillColor(colors.HexColor("#777777"))
-        canvas.drawString(MARGIN, MARGIN / 2, label)
+        canvas.drawString(MARGIN, MARGIN / 2, f"{label} · commit {info['git commit']}")
         canvas.drawRightString(PAGE[0] - MARGIN, MARGIN / 2, f"page {doc.page}")
         canvas.restoreState()
-    return draw
 
-
-def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st, label: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = SimpleDocTemplate(str(path), pagesize=PAGE, leftMargin=MARGIN, rightMargin=MARGIN, topMargin=MARGIN,
-                            bottomMargin=MARGIN, title=label, author="harness reports.build")
-    story = title_page(info, sections, st)
-    for s in sections:
-        story += s.flowables(st)
-    if isinstance(story[-1], PageBreak):
-        story.pop()
-    footer = _footer(f"{label} · commit {info['git commit']}")
-    doc.build(story, onFirstPage=footer, onLaterPages=footer)
+                            bottomMargin=MARGIN, title=title, author="harness reports.build")
+    doc.build(story[:-1], onFirstPage=footer, onLaterPages=footer)  # no blank page after the last section
     return path
-
-
-def _order(spec: Registry) -> tuple:
-    """The YAML's `order` (the paper's); files without one (sweeps, store-only) last, by name."""
-    return (spec.order is None, spec.order or 0, spec.name)
-
-
-def reference_provenance(info: dict[str, str], sections: list[Section]) -> dict[str, Any]:
-    """What a reference build records beside the reports: code, libraries, world, runs' commits."""
-    from harness.config import DataConfig
-
-    return {**info, "world": provenance.world(DataConfig().world_dir),
-            "ablations": {s.spec.name: {"runs": s.n_runs, "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
-                          for s in sections}}
 
 
 @dataclass
@@ -464,23 +405,21 @@ class BuildResult:
 
 def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str | Path = RESULTS, smooth_k: int = 1,
           ablations_dir: str | Path | None = None, log_figures: bool = True, reference: bool = False) -> BuildResult:
-    """Per-ablation PDFs and, when every ablation asked for has runs (and more than one was asked
-    for, or none: all of them), the combined one. An ablation without runs is skipped with a
-    message; one that fails to build is reported (in `errors` and on stderr) and left out.
-    reference=True also writes OUT/provenance.json."""
-    uri = tracking_uri or default_tracking_uri()
-    out = Path(out)
-    st = make_styles()
-    names = list(ablations) if ablations else ablation_names(ablations_dir) + [
-        n for n in ablations_in_store(uri) if n not in ablation_names(ablations_dir)]
-    info = machine_info(uri)
-    sections, errors, skipped = [], {}, []
+    """Per-ablation PDFs and, when every ablation asked for (none: all, registry and store) has runs
+    and more than one was asked for, the combined one. An ablation without runs is skipped with a
+    message; one that fails is reported (`errors`, stderr) and left out. reference=True also writes
+    OUT/provenance.json (code, libraries, world, runs' commits)."""
+    uri, out, st = tracking_uri or default_tracking_uri(), Path(out), make_styles()
+    registry = ablation_names(ablations_dir)
+    names = list(ablations) if ablations else registry + [n for n in ablations_in_store(uri) if n not in registry]
+    info, sections, errors, skipped = machine_info(uri), [], {}, []
     for name in names:
         try:
             data = load_ablation(name, uri, ablations_dir)
-            if not has_runs(data.spec, uri):
+            spec = data.spec
+            if not has_runs(spec, uri):
                 skipped.append(data.name)
-                how = f"harness.sweep {data.spec.path}" if data.spec.is_sweep else f"harness.ablate {data.name}"
+                how = f"harness.sweep {_relative(spec.path)}" if spec.is_sweep else f"harness.ablate {data.name}"
                 print(f"skipped {data.name}: no runs in {redact(uri)} (run `python -m {how}` first)", file=sys.stderr)
                 continue
             sections.append(build_section(data, out, smooth_k, log_figures))
@@ -489,40 +428,41 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
         except Exception as e:  # keep the other ablations' reports
             errors[str(name)] = f"{type(e).__name__}: {e}"
             print(f"error: {name}: {errors[str(name)]}", file=sys.stderr)
-    sections.sort(key=lambda s: _order(s.spec))
-    reports = {}
-    for s in sections:
-        reports[s.spec.name] = write_pdf(out / s.spec.name / "report.pdf", [s], info, st, f"harness report · {s.spec.name}")
-    combined = None
-    # one named ablation must not replace the combined report of everything with itself alone,
-    # nor may a partial store
-    if sections and not skipped and not errors and (not ablations or len(sections) > 1):
-        combined = write_pdf(out / COMBINED, sections, info, st, "harness report")
+    sections.sort(key=lambda s: (s.spec.order is None, s.spec.order or 0, s.spec.name))  # the paper's order
+    reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
+    # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
+    whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
+    combined = write_pdf(out / COMBINED, sections, info, st) if whole else None
     if reference:
-        (out / "provenance.json").write_text(json.dumps(reference_provenance(info, sections), indent=1, ensure_ascii=False) + "\n")
+        from harness.config import DataConfig
+
+        prov = {**info, "world": provenance.world(DataConfig().world_dir), "ablations": {
+            s.spec.name: {"runs": len(s.data.runs), "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
+            for s in sections}}
+        (out / "provenance.json").write_text(json.dumps(prov, indent=1, ensure_ascii=False) + "\n")
     return BuildResult(reports, combined, errors, skipped)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m reports.build",
-        description="Build PDF reports from the MLflow store: OUT/<ablation>/report.pdf per ablation and "
-                    f"OUT/{COMBINED} with all (title page, grid, figure, final/peak metrics, claims with "
-                    "verdicts, sample responses; sweep sections for sweep YAMLs).",
-    )
+    ap = argparse.ArgumentParser(prog="python -m reports.build", description=(
+        f"Build PDF reports from the MLflow store: OUT/<ablation>/report.pdf per ablation and OUT/{COMBINED} with "
+        "all (title page, grid, figure, final/peak metrics, claims with verdicts, sample responses; sweep sections "
+        "for sweep YAMLs)."))
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
                     help="registry names or YAML paths (default: every ablation in the registry and the store)")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--out", default=None, help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
+    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ap.add_argument("--out", help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
     ap.add_argument("--reference", action="store_true",
                     help="rebuild the committed reference reports in reports/ and record reports/provenance.json")
-    ap.add_argument("--smooth", type=int, default=1, metavar="K", help="rolling mean over K logged steps in figures (default 1 = raw)")
-    ap.add_argument("--ablations-dir", default=None, help="registry folder (default: the repo's ablations/)")
+    ap.add_argument("--smooth", type=int, default=1, metavar="K",
+                    help="rolling mean over K logged steps in figures (default 1 = raw)")
+    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")
     args = ap.parse_args(argv)
     out = Path(args.out or (REFERENCE if args.reference else RESULTS))
     try:
-        res = build(args.ablations, args.tracking_uri, out, args.smooth, args.ablations_dir, not args.no_log, args.reference)
+        res = build(args.ablations, args.tracking_uri, out, args.smooth, args.ablations_dir, not args.no_log,
+                    args.reference)
     except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -534,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"combined report not built: no runs of {', '.join(res.skipped) or '-'}"
               + (f"; failed: {', '.join(res.errors)}" if res.errors else ""))
     elif res.reports:
-        print(f"combined report left as it was (one ablation named; name none, or several, to rebuild {out / COMBINED})")
+        print("combined report left as it was (one ablation named; name none, or several, to rebuild "
+              f"{out / COMBINED})")
     else:
         print("nothing to report")
     return 1 if res.errors else 0

@@ -17,13 +17,16 @@ from analysis import claims as C
 from analysis.figures import draw_ablation, figure_panels, legend_columns, make_figures
 from analysis.figures import main as figures_main
 from analysis.store import find_runs, load_ablation, resolve_spec
-from analysis.summary import final_peak_table
 from analysis.synthetic import Curve, write_ablation, write_world_ablation
 from harness import keys as K
 from harness import tracking
-from harness.registry import UnknownAblation, ablation_names, find_ablation, load_registry
+from reports.build import final_peak_table
+from harness.registry import (
+    Claim, EvalScoresShift, PairsAboveChance, UnknownAblation, ablation_names, find_ablation, load_registry,
+)
 
 ETAS = ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
+SEEDS = (0, 1, 2, 3, 4)  # stats.MIN_SEEDS: fewer seeds never decide
 
 REGISTRY = {
     "kl_eta.yaml": """
@@ -47,6 +50,24 @@ claims:
   - statement: "η 0.05 and 0.2 end at the same KL."
     source: ours
     rule: {kind: similar, metric: objective/kl, variants: ["KL penalty η=0.05", "KL penalty η=0.2"]}
+  - statement: "Every η ends at the same RM score."
+    source: ours
+    rule:
+      kind: similar
+      metric: objective/rm_score
+      variants: ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
+  - statement: "A larger η raises KL."
+    source: ours
+    rule: {kind: trend, metric: objective/kl, axis: ppo.kl_coef, direction: increasing}
+  - statement: "A larger η lowers the RM score."
+    source: ours
+    rule: {kind: trend, metric: objective/rm_score, axis: ppo.kl_coef, direction: decreasing}
+  - statement: "KL ends above zero for every η."
+    source: ours
+    rule: {kind: threshold, metric: objective/kl, op: ">", value: 0.0}
+  - statement: "KL ends below 0.01 for η=0.05."
+    source: ours
+    rule: {kind: threshold, metric: objective/kl, op: "<", value: 0.01, variant: "KL penalty η=0.05"}
 """,
     "apa.yaml": """
 name: apa
@@ -73,6 +94,9 @@ claims:
     source: paper
     section: "APA paper"
     rule: {kind: compare, metric: objective/rm_score, lower: "AWR", higher: "APA"}
+  - statement: "PPO keeps KL lower than APA."
+    source: ours
+    rule: {kind: compare, metric: objective/kl, lower: "PPO", higher: "APA"}
 """,
     "vanilla.yaml": """
 name: vanilla
@@ -90,6 +114,9 @@ claims:
     source: paper
     section: "5.2"
     rule: {kind: collapses, variant: "vanilla PPO"}
+  - statement: "Vanilla PPO stays stable."
+    source: ours
+    rule: {kind: collapses, variant: "vanilla PPO", expected: false}
 """,
     "score_reparam.yaml": """
 name: score_reparam
@@ -114,6 +141,12 @@ claims:
   - statement: "Both end at the same KL, as far as the seeds tell."
     source: ours
     rule: {kind: similar, metric: objective/kl, variants: ["reward scale", "reward normalize, δ=0.8"]}
+  - statement: "Reward normalization collapses later than reward scaling."
+    source: ours
+    rule: {kind: compare, metric: collapse/step, lower: "reward scale", higher: "reward normalize, δ=0.8"}
+  - statement: "Reward normalization with δ=0.8 collapses."
+    source: ours
+    rule: {kind: collapses, variant: "reward normalize, δ=0.8"}
 """,
     "rm_scores.yaml": """
 name: rm_scores
@@ -165,6 +198,9 @@ claims:
   - statement: "The held-out RM-score distribution moves up."
     source: ours
     rule: {kind: eval_scores_shift, what: mean}
+  - statement: "PPO-max collapses."
+    source: ours
+    rule: {kind: collapses, variant: "PPO-max"}
 """,
     "policy_constraints.yaml": """
 name: policy_constraints
@@ -197,20 +233,26 @@ def write_store(uri: str) -> None:
     # KL falls with eta: "larger eta keeps KL lower" holds.
     write_ablation(uri, "kl_eta", "15", {
         ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002),
-    }, seeds=(0, 1), steps=20)
+    }, seeds=SEEDS, steps=20)
     # APA drifts further than PPO: "APA keeps KL lower" fails; AWR has no runs.
     write_ablation(uri, "apa", "apa", {"PPO": Curve(kl_slope=0.002), "APA": Curve(kl_slope=0.008)},
-                   seeds=(0, 1), steps=20)
-    write_ablation(uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=(0, 1), steps=20,
+                   seeds=SEEDS, steps=20)
+    write_ablation(uri, "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=SEEDS, steps=20,
                    win_rate=True, old_seeds=(1,))  # seed 1 from before objective/ppl_tokens existed
-    # Seeds scatter far more than the variants differ: inconclusive.
+    # Seeds scatter far more than the variants' KL differs: inconclusive; only reward scaling collapses.
     write_ablation(uri, "score_reparam", "6", {
-        "reward scale": Curve(kl_slope=0.0041, seed_spread=2.0), "reward normalize, δ=0.8": Curve(kl_slope=0.004, seed_spread=2.0),
-    }, seeds=(0, 1, 2), steps=20, gold=False)
+        "reward scale": Curve(kl_slope=0.0041, seed_spread=4.0, collapse_at=15),
+        "reward normalize, δ=0.8": Curve(kl_slope=0.004, seed_spread=4.0),
+    }, seeds=SEEDS, steps=20, gold=False)
     write_ablation(uri, "rm_score_dist", "13", {"PPO-max": Curve(collapse_at=10)}, seeds=(0,), steps=20,
                    sample_every=0, eval_every=4)
     write_world_ablation(uri, "rm_scores", "2", {"reward model": 0.85, "reward model, 1/4 of the pairs": 0.7})
     write_world_ablation(uri, "rm_accuracy", "3", {"reward model": 0.8})
+    # store-only ablations for the within-run rules' other outcomes
+    write_world_ablation(uri, "rm_bad", "2", {"bad RM": 0.3})
+    write_world_ablation(uri, "rm_coin", "2", {"coin RM": 0.55})  # 99 of 200 pairs: cannot tell
+    for name, curve in (("eval_down", Curve(reward_slope=-0.05)), ("eval_flat", Curve(reward_slope=0.0))):
+        write_ablation(uri, name, "13", {"PPO-max": curve}, seeds=(0,), steps=20, sample_every=0, eval_every=4)
 
 
 def fast_dir(tmp_path_factory, name: str):
@@ -252,7 +294,7 @@ def test_spec_expands_grid_and_inherit_without_resolving_configs(env):
     assert kl.shared == {"ppo.steps": 20} and kl.figure == "15" and kl.order == 15
     apa = load_registry(env["registry"] / "apa.yaml", resolve=False)
     assert apa.variants[2].settings == {"ppo.policy_loss": "apa", "ppo.apa_lambda": 0.1}
-    assert [c.cited for c in apa.claims] == ["paper APA paper"] * 2
+    assert [c.cited for c in apa.claims] == ["paper APA paper"] * 2 + ["ours"]
     assert "vanilla" in ablation_names(env["registry"]) and "bases" not in " ".join(ablation_names(env["registry"]))
 
 
@@ -280,14 +322,14 @@ def test_ablation_without_runs_is_skipped_not_drawn(env, tmp_path, capsys):
 # --------------------------------------------------------------------------------------------
 def test_runs_metrics_and_samples_from_the_store(env):
     d = data_of(env, "kl_eta")
-    assert d.variants == ETAS and len(d.runs) == 6
-    assert set(d.runs["seed"]) == {0, 1} and not d.runs["collapsed"].any()
+    assert d.variants == ETAS and len(d.runs) == 15
+    assert set(d.runs["seed"]) == set(SEEDS) and not d.runs["collapsed"].any()
     assert d.parent_run_id is not None
     m = d.metrics([K.KL, K.RM_SCORE])
     assert list(m.columns) == ["run_id", "variant", "seed", "metric", "step", "value"]
-    assert len(m) == 6 * 2 * 20
+    assert len(m) == 15 * 2 * 20
     s = d.samples(per_run=2)
-    assert set(s["step"]) == {20} and len(s) == 12
+    assert set(s["step"]) == {20} and len(s) == 30
 
     v = data_of(env, "vanilla")
     assert v.runs["collapsed"].all() and set(v.runs["collapse_step"]) == {12.0}
@@ -315,6 +357,7 @@ def test_one_line_per_variant_in_every_metric_panel(env):
     # perplexity, so it replaces the spiky per-sample one, on a log axis.
     assert list(drawn.axes) == [K.RM_SCORE, K.GOLD_SCORE, K.LENGTH, K.KL, K.PPL_TOKENS]
     assert drawn.axes[K.PPL_TOKENS].get_yscale() == "log" and drawn.axes[K.KL].get_yscale() == "linear"
+    assert drawn.axes[K.KL].get_ylabel() == "nats/token" and drawn.axes[K.LENGTH].get_ylabel() == "tokens"
     for panel, ax in drawn.axes.items():
         for v in ETAS:
             assert len(lines_labeled(ax, v)) == 1, (panel, v)
@@ -331,7 +374,7 @@ def test_collapse_markers_and_win_rate_on_the_reward_axis(env):
     drawn = draw_ablation(d, smooth_k=3)
     reward = drawn.axes[K.RM_SCORE]
     markers = [ln for ln in reward.get_lines() if ln.get_label() == "_collapse"]
-    assert len(markers) == 2 and markers[0].get_xdata()[0] == 12  # one per collapsed seed
+    assert len(markers) == 5 and markers[0].get_xdata()[0] == 12  # one per collapsed seed
     right = drawn.axes[f"{K.EVAL_WIN_RATE} (right axis)"]
     assert len(right.get_lines()) == 1 and right.get_ylim() == (0, 1)
     legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
@@ -388,37 +431,66 @@ def verdicts(env, name):
     return {r.claim: r for r in table.itertuples()}
 
 
-def test_claims_reproduced_not_reproduced_and_inconclusive(env):
-    kl_eta = verdicts(env, "kl_eta")
-    kl = kl_eta["A larger KL penalty η keeps KL lower."]
-    assert kl.verdict == C.REPRODUCED and "KL penalty η=0.2" in kl.numbers and kl.source == "paper App. B.2"
-    assert kl_eta["η 0.05 and 0.2 end at the same KL."].verdict == C.NOT_REPRODUCED
-
+def test_compare_holds_fails_and_is_inconclusive(env):
     apa = verdicts(env, "apa")
-    lower_kl = apa["APA stays closer to the initial policy (lower KL) than PPO at equal samples."]
-    assert lower_kl.verdict == C.NOT_REPRODUCED and re.search(r"APA: [\d.]+ ± ", lower_kl.numbers)
+    holds = apa["PPO keeps KL lower than APA."]
+    assert holds.verdict == C.REPRODUCED and holds.n == "5 vs 5" and holds.statistic == "mean difference"
+    assert 0 < holds.ci_low < holds.estimate < holds.ci_high and holds.p_value == pytest.approx(2 / 252)
+    assert "permutation test" in holds.test and holds.effect_size > 1 and holds.min_detectable > 0
+    assert re.search(r"APA [\d.]+ ± [\d.]+ vs PPO [\d.]+ ± ", holds.numbers) and "95% CI" in holds.numbers
+    fails = apa["APA stays closer to the initial policy (lower KL) than PPO at equal samples."]
+    assert fails.verdict == C.NOT_REPRODUCED and fails.ci_high < 0
     vs_awr = apa["APA reaches a higher RM score than AWR at equal samples."]
     assert vs_awr.verdict == C.INCONCLUSIVE and "'AWR' has no runs" in vs_awr.reason
-
     wide = verdicts(env, "score_reparam")["Reward normalization with δ=0.8 keeps KL below reward scaling alone."]
-    assert wide.verdict == C.INCONCLUSIVE and "seed spread too wide" in wide.reason and "pooled sd" in wide.numbers
+    assert wide.verdict == C.INCONCLUSIVE and wide.ci_low < 0 < wide.ci_high and wide.reason == ""
 
-    vanilla = verdicts(env, "vanilla")
-    assert vanilla["Vanilla PPO collapses."].verdict == C.REPRODUCED
-    assert "2/2 seeds collapsed" in vanilla["Vanilla PPO collapses."].numbers
-    stable = verdicts(env, "score_reparam")["Reward normalization with δ=0.8 keeps training stable (no collapse)."]
-    assert stable.verdict == C.REPRODUCED and stable.source == "ours"
+
+def test_trend_threshold_and_similar(env):
+    kl_eta = verdicts(env, "kl_eta")
+    kl = kl_eta["A larger KL penalty η keeps KL lower."]
+    assert kl.verdict == C.REPRODUCED and kl.source == "paper App. B.2"
+    assert kl.numbers.count("mean difference") == 2  # both neighbour pairs tested
+    assert kl_eta["A larger η raises KL."].verdict == C.NOT_REPRODUCED
+    assert kl_eta["A larger η lowers the RM score."].verdict == C.INCONCLUSIVE  # reward does not depend on η here
+    assert kl_eta["KL ends above zero for every η."].verdict == C.REPRODUCED
+    below = kl_eta["KL ends below 0.01 for η=0.05."]
+    assert below.verdict == C.NOT_REPRODUCED and "t-test" in below.test and below.n == "5"
+    assert kl_eta["Every η ends at the same RM score."].verdict == C.REPRODUCED
+    assert kl_eta["η 0.05 and 0.2 end at the same KL."].verdict == C.NOT_REPRODUCED
     alike = verdicts(env, "score_reparam")["Both end at the same KL, as far as the seeds tell."]
-    assert alike.verdict == C.REPRODUCED
+    assert alike.verdict == C.INCONCLUSIVE and "half-width" in alike.test  # no difference found, but too wide
+    one_seed = verdicts(env, "rm_accuracy")["The RM's held-out accuracy beats chance."]
+    assert one_seed.verdict == C.INCONCLUSIVE and "fewer than 5 runs" in one_seed.reason
 
 
-def test_world_and_distribution_claims(env):
+def test_collapse_claims_binomial_and_rmst(env):
+    vanilla = verdicts(env, "vanilla")
+    collapses = vanilla["Vanilla PPO collapses."]
+    assert collapses.verdict == C.REPRODUCED and "5/5 seeds collapsed" in collapses.numbers
+    assert collapses.p_value == pytest.approx(1 / 32) and "binomial" in collapses.test
+    assert vanilla["Vanilla PPO stays stable."].verdict == C.NOT_REPRODUCED
+    sr = verdicts(env, "score_reparam")
+    assert sr["Reward normalization with δ=0.8 keeps training stable (no collapse)."].verdict == C.REPRODUCED
+    assert sr["Reward normalization with δ=0.8 collapses."].verdict == C.NOT_REPRODUCED
+    later = sr["Reward normalization collapses later than reward scaling."]  # censored at the 20-step budget
+    assert later.verdict == C.REPRODUCED and later.estimate == pytest.approx(5.0)
+    few = verdicts(env, "rm_score_dist")["PPO-max collapses."]
+    assert few.verdict == C.INCONCLUSIVE and "fewer than 5 runs" in few.reason
+
+
+def test_within_run_claims(env):
     assert all(r.verdict == C.REPRODUCED for r in verdicts(env, "rm_scores").values())
-    acc = verdicts(env, "rm_accuracy")["The RM's held-out accuracy beats chance."]
-    assert acc.verdict == C.REPRODUCED and "one seed" in acc.reason
+    pairs = Claim("above chance", "ours", None, PairsAboveChance())
+    assert C.check_claims(data_of(env, "rm_bad"), [pairs]).verdict[0] == C.NOT_REPRODUCED
+    assert C.check_claims(data_of(env, "rm_coin"), [pairs]).verdict[0] == C.INCONCLUSIVE
     dist = verdicts(env, "rm_score_dist")
-    assert {r.verdict for r in dist.values()} == {C.REPRODUCED}
-    assert "step 4" in next(iter(dist.values())).numbers
+    assert dist["The held-out RM-score distribution moves up."].verdict == C.REPRODUCED
+    assert dist["The held-out RM-score distribution grows a long tail."].verdict == C.REPRODUCED
+    assert "step 4" in dist["The held-out RM-score distribution moves up."].numbers
+    shift = [Claim(w, "ours", None, EvalScoresShift(what=w)) for w in ("mean", "sd")]
+    assert C.check_claims(data_of(env, "eval_down"), shift[:1]).verdict[0] == C.NOT_REPRODUCED
+    assert list(C.check_claims(data_of(env, "eval_flat"), shift).verdict) == [C.INCONCLUSIVE, C.INCONCLUSIVE]
 
 
 def test_no_runs_is_inconclusive(env):

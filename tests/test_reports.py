@@ -93,6 +93,23 @@ def test_ablation_report_holds_every_section(built):
         assert variant in text, variant
     assert "ppo.kl_coef = 0.05" in text
     assert "A larger KL penalty η keeps KL lower." in text and "reproduced" in text and "paper App. B.2" in text
+    assert "Ablation report: Fig. 15: KL penalty eta" in text  # a one-ablation report's title names it
+    assert "exact permutation test" in text and "95% CI" in text and "fewer than 5 runs per variant" in text
+    assert str(built["registry"]) not in text and "registry file kl_eta.yaml" in text  # no machine paths
+    assert "MLflow store sqlite:///mlflow.db" in text and str(built["uri"]) not in text
+
+
+def test_header_columns_fit_their_longest_word(built):
+    from reportlab.pdfbase.pdfmetrics import stringWidth
+
+    from reports.build import FRAME_W, _fit_header, make_styles
+
+    st = make_styles()
+    head = ["variant", "final RM train acc", "final RM eval acc", "final RM train loss", "accuracy"]
+    widths = _fit_header([head], [0.6, 0.1, 0.1, 0.1, 0.1], st)
+    assert sum(widths) == pytest.approx(FRAME_W)
+    for h, w in zip(head, widths):
+        assert w >= max(stringWidth(x, "DejaVuSans-Bold", 7.5) for x in h.split()) + 6
 
 
 def test_collapsed_samples_show_it_and_long_text_wraps(built):

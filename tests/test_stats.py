@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from analysis.stats import (
-    CONTRADICTED, INCONCLUSIVE, REPRODUCED, censor, compare, compare_to, hedges_g, min_detectable, proportion_ci,
+    NOT_REPRODUCED, INCONCLUSIVE, REPRODUCED, censor, compare, compare_to, hedges_g, min_detectable, proportion_ci,
+    rate_vs_half,
 )
 
 
@@ -17,7 +18,7 @@ def test_permutation_p_value_is_the_exact_count():
     assert c.estimate == 4
     assert c.verdict == REPRODUCED
     assert c.ci_low > 0 and c.ci_low < 4 < c.ci_high
-    assert compare([1, 2, 3, 4, 5], [5, 6, 7, 8, 9], expect="greater").verdict == CONTRADICTED
+    assert compare([1, 2, 3, 4, 5], [5, 6, 7, 8, 9], expect="greater").verdict == NOT_REPRODUCED
 
 
 def test_interval_and_p_value_agree():
@@ -62,3 +63,23 @@ def test_clopper_pearson():
     assert lo == pytest.approx(0.025 ** (1 / 5)) and hi == 1.0
     lo, hi = proportion_ci(0, 5)
     assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 5))
+
+
+def test_rate_against_one_half_is_the_one_sided_binomial_test():
+    c = rate_vs_half(5, 5, "greater", "collapse rate")
+    assert c.p_value == pytest.approx(1 / 32) and c.verdict == REPRODUCED and c.estimate == 1.0
+    # the interval is at level 0.9, so its lower edge is the one-sided 95% bound
+    assert c.ci_low == pytest.approx(0.05 ** (1 / 5)) and c.ci_low > 0.5 and c.level == pytest.approx(0.9)
+    assert "decides at ≥ 5/5" in c.test
+    assert rate_vs_half(4, 5, "greater").verdict == INCONCLUSIVE  # p = 6/32
+    assert rate_vs_half(0, 5, "greater").verdict == NOT_REPRODUCED
+    assert rate_vs_half(0, 5, "less").verdict == REPRODUCED
+    assert rate_vs_half(3, 3, "greater").verdict == INCONCLUSIVE
+    assert "cannot decide with n = 3" in rate_vs_half(3, 3).test
+
+
+def test_alike_needs_an_interval_inside_the_margin():
+    a, b = [1.0, 1.01, 0.99, 1.02, 0.98], [1.005, 0.995, 1.0, 1.015, 0.985]
+    assert compare(a, b, "equal", margin=0.1).verdict == REPRODUCED
+    assert compare(a, b, "equal", margin=0.001).verdict == INCONCLUSIVE  # cannot rule out a difference that small
+    assert compare([5, 6, 7, 8, 9], [1, 2, 3, 4, 5], "equal", margin=10).verdict == NOT_REPRODUCED
