@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from optuna.trial import TrialState
 from optuna.visualization import matplotlib as vis
 
+from analysis.figures import FIG_WIDTH_IN
 from harness import tracking
 from harness.config import from_dict
 from harness.keys import TAG_SWEEP, TAG_TRIAL
@@ -173,7 +174,7 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
     """The pair keys (or objective vs the one key), completed trials colored by objective: a plain scatter."""
     keys = attr["plot_pair"]
     x, y = keys if len(keys) == 2 else (keys[0], "y")
-    ax = Figure(figsize=(7.2, 3.6), layout="constrained").add_subplot()
+    ax = Figure(figsize=(FIG_WIDTH_IN, FIG_WIDTH_IN / 2), layout="constrained").add_subplot()
     done = table[table["outcome"] == "complete"]
     cmap = "viridis" if attr["direction"] == "maximize" else "viridis_r"
     dots = ax.scatter(done[x], done[y], c=done["value"], cmap=cmap, marker="o", s=36, edgecolors="black",

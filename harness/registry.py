@@ -79,7 +79,7 @@ def _one_of(options: tuple[str, ...], what: str):
 MetricKey = Annotated[str, _one_of(KNOWN_METRICS, "a metric key of harness/keys.py")]
 Panel = Annotated[str, _one_of(KNOWN_METRICS + SPECIAL_PANELS, "a metric key (harness/keys.py) or a special panel")]
 Stat = Literal["final", "initial", "rise", "peak", "mean", "volatility", "min"]
-"""How one run's curve becomes one number (analysis.summary.reduce_run): final = mean of the last
+"""How one run's curve becomes one number (harness.summary.reduce_run): final = mean of the last
 10% of steps, rise = final - initial, volatility = mean |step-to-step change|."""
 
 
