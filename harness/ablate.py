@@ -6,22 +6,10 @@
     python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8
     python -m harness.ablate --list                                   # the whole registry
 
-Resume, from the MLflow store alone: a rerun skips runs that FINISHED with the same resolved config
-(tag harness.config_hash), continues runs left KILLED (or RUNNING by a runner that died) from their
-last checkpoint into the same MLflow run, and starts FAILED runs over, under the grid's one parent
-run (tag harness.grid_hash). A lock per grid and store keeps a second runner off a grid in flight,
-so whatever the store shows RUNNING once the lock is held is dead, and is marked KILLED. A failing
-run never stops the others; the exit code is then 1 (3: another runner holds the grid).
-
-Runs execute through harness.launch: `--executor local` (a spawned process per run, `--workers N`
-at a time; 0: in this process, for pdb) or `slurm` / `submitit-local` (a submitit job per run). A
-run whose config needs several ranks (a CUDA DeepSpeed config on a machine with several GPUs, e.g.
-`--scale paper`, or `--nproc N`) is a torchrun / deepspeed job inside its worker. After a crash of
-the runner itself, cancel its Slurm jobs (and torchrun ranks) before rerunning.
-
-Layout: experiment = registry name; run folders (checkpoints) under
-`{--runs-dir}/{name}/{config hash}/{variant-slug}-s{seed}/`; `{--runs-dir}/{name}/summary.csv` (per
-variant) and `summary_runs.csv` (per run), also logged on the parent run.
+Rerunning resumes from the MLflow store alone (finished runs skipped, killed ones continued from
+their checkpoint, failed ones started over) under the grid's one parent run; a lock per grid keeps
+a second runner off it. Runs execute through harness.launch. Resume, layout and executors in
+detail: docs/CONTRACTS.md, "The ablation runner".
 """
 from __future__ import annotations
 
@@ -43,33 +31,32 @@ from filelock import FileLock, Timeout
 from . import keys as K
 from . import summary as S
 from . import tracking
-from .launch import EXECUTORS, executor, launch_train
+from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
 from .registry import (
-    Registry, RunSpec, UnknownAblation, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
+    Registry, UnknownAblation, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .tracking import redact
 
 # CPU cost model (--list, the main job): one PPO step on the default world (32 prompts x 24-token
-# cap, RM + gold scoring, 2 epochs x 2 minibatches) costs about STEP_COST_S on one thread: 0.3-0.5 s
-# on an idle core, more once a collapsing run's responses reach the cap (time it with
-# bench/ablate_score_reparam.py). It scales with rollout batch x response cap x epochs; a
-# critic-pretraining step costs about a step; an eval pass generates over data.eval_prompts.
+# cap, 2 epochs) costs about STEP_COST_S on one thread (0.3-0.5 s idle, more once responses reach the
+# cap; bench/ablate_score_reparam.py times it), scaling with batch x cap x epochs.
 STEP_COST_S = 0.5
 EVAL_COST_S_PER_32_PROMPTS = 0.15
 RUN_OVERHEAD_S = 8.0  # worker start, model load, MLflow run set-up and final eval/checkpoint
 WORLD_BUILD_CPU_MIN = 4.5  # one default embedded-world build (kind: world), single thread: measured 4.4 CPU-min
 
-# The world's models are small: a second torch thread buys little, and on shared cores extra
-# threads mostly spin (3-step runs took 15-90 s with 2 threads vs 2-4 s with 1 on an oversubscribed
-# box). So more cores are used through --workers, not threads.
+# The world's models are small: a second torch thread buys little and on shared cores mostly spins
+# (3-step runs: 15-90 s with 2 threads vs 2-4 s with 1), so more cores go to --workers.
 DEFAULT_THREADS = 1
 
 TAG_GRID = "harness.grid_hash"
 """On the parent run: hash of the grid's (variant, seed, config hash) list; a rerun of the same
 grid reopens the parent with this tag instead of starting a second one."""
 POLL_S = 2.0
-"""Seconds between reads of the store for the progress bars of runs in flight."""
+"""Seconds between reads of the store for the progress of runs in flight."""
+SHOWN = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))
+"""Metrics of a run in flight shown on the progress bar, with their short names."""
 
 
 def estimate_cpu_minutes(reg: Registry) -> float:
@@ -79,10 +66,11 @@ def estimate_cpu_minutes(reg: Registry) -> float:
     total = 0.0
     for r in reg.runs:
         c = r.cfg
-        per_step = STEP_COST_S * (c.ppo.rollout_batch_size / 32) * (c.generation.max_new_tokens / 24) * (c.ppo.ppo_epochs / 2)
-        steps = c.ppo.steps + c.ppo.critic_pretrain_steps + c.reward.running_stats_init
+        cap = c.generation.max_new_tokens / 24
+        per_step = STEP_COST_S * (c.ppo.rollout_batch_size / 32) * cap * (c.ppo.ppo_epochs / 2)
+        steps = c.ppo.steps + c.ppo.critic_pretrain_steps + c.reward.running_stats_init  # a pretraining step ~ a step
         evals = (c.ppo.steps // c.logging.eval_every + 1) if c.logging.eval_every else 0
-        eval_s = evals * EVAL_COST_S_PER_32_PROMPTS * (c.data.eval_prompts / 32) * (c.generation.max_new_tokens / 24)
+        eval_s = evals * EVAL_COST_S_PER_32_PROMPTS * (c.data.eval_prompts / 32) * cap
         total += per_step * steps + eval_s + RUN_OVERHEAD_S
     return total / 60
 
@@ -104,7 +92,7 @@ def lock_path(reg: Registry, uri: str, runs_dir: Path) -> Path:
     """One lock per grid and store: beside a sqlite store's file (`NAME.ablate.mlflow.db.lock`), else
     in the grid's runs folder."""
     if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
+        db = Path(uri.removeprefix("sqlite:///"))
         return db.parent / f"{reg.name}.ablate.{db.name}.lock"
     return runs_dir / reg.name / "ablate.lock"
 
@@ -119,22 +107,18 @@ class Task:
     """A run handed to an executor (plain data: it crosses a process boundary)."""
 
     index: int
-    kind: str
     variant: str
     seed: int
     cfg: dict[str, Any]
     """The run's resolved config (TrainConfig or WorldConfig as a dict), runner settings applied."""
     resume: bool
     note: str
-    tracking_uri: str
-    experiment: str
-    tags: dict[str, str]
-    """The runner's tags (registry, figure, variant, seed, config hash): how the store finds the run."""
-    world_out: str | None = None
-    """kind world: the world's output folder."""
-    nproc: int | None = None
+    nproc: int | None
     """Ranks per run (None: every visible GPU for a CUDA DeepSpeed config, else 1)."""
-    launcher: str = "torchrun"
+    launcher: str
+    world: dict[str, Any] | None = None
+    """kind world: build_world's out_dir, tracking_uri, experiment and tags (the runner's, by which
+    the store finds the run); None for train runs."""
     parent_run_id: str | None = None
 
 
@@ -169,25 +153,17 @@ class Outcome:
         return f"done   {who}: " + ", ".join(b for b in bits if b)
 
 
-def runner_tags(reg: Registry, spec: RunSpec) -> dict[str, str]:
-    return {
-        K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_VARIANT: spec.variant,
-        K.TAG_SEED: str(spec.seed), K.TAG_CONFIG_HASH: spec.config_hash,
-    }
-
-
-def grid_runs(uri: str, experiment_id: str, ablation: str, where: str = "") -> list[Any]:
-    """Every run (parent and children) this grid logged to the store, oldest first."""
-    runs = tracking.client(uri).search_runs(
-        [experiment_id], filter_string=f"tags.`{K.TAG_ABLATION}` = '{ablation}'" + (f" and {where}" if where else ""),
-        max_results=50000)
+def grid_runs(uri: str, name: str, where: str = "") -> list[Any]:
+    """Every run (parent and children) grid `name` logged to its experiment, oldest first."""
+    query = f"tags.`{K.TAG_ABLATION}` = '{name}'" + (f" and {where}" if where else "")
+    runs = tracking.client(uri).search_runs([tracking.ensure_experiment(uri, name)], query, max_results=50000)
     return sorted(runs, key=lambda r: r.info.start_time)
 
 
-def mark_dead(uri: str, experiment_id: str, ablation: str) -> None:
+def mark_dead(uri: str, name: str) -> None:
     """Runs of this grid still RUNNING while we hold its lock belong to a runner that died (or a
     worker that crashed): close them as KILLED. Resuming a train run reopens it."""
-    for r in grid_runs(uri, experiment_id, ablation, "attributes.status = 'RUNNING'"):
+    for r in grid_runs(uri, name, "attributes.status = 'RUNNING'"):
         tracking.end_run(uri, r.info.run_id, "KILLED")
 
 
@@ -198,7 +174,8 @@ def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_di
     tasks: list[Task] = []
     done: dict[int, Outcome] = {}
     for i, spec in enumerate(reg.runs):
-        tags = runner_tags(reg, spec)
+        tags = {K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_VARIANT: spec.variant,
+                K.TAG_SEED: str(spec.seed), K.TAG_CONFIG_HASH: spec.config_hash}
         seen = [r for r in existing if tags.items() <= r.data.tags.items()]
         finished = [r for r in seen if r.info.status == "FINISHED"]
         if finished:
@@ -208,20 +185,20 @@ def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_di
         last = seen[-1].info.status if seen else None
         resume = reg.kind == "train" and last in ("KILLED", "RUNNING")
         note = "resume from its last checkpoint" if resume else (f"rerun after {last}" if last else "new")
-        out_dir = runs_dir / reg.name / spec.config_hash  # the hash in the path: a changed config never shares a checkpoint
-        cfg, world_out = to_dict(spec.cfg), None
-        if reg.kind == "train":
+        out_dir = runs_dir / reg.name / spec.config_hash  # a changed config never shares a checkpoint
+        task = Task(i, spec.variant, spec.seed, to_dict(spec.cfg), resume, note, nproc, launcher)
+        if reg.kind == "world":
+            task.world = {"out_dir": str(out_dir / "world"), "tracking_uri": tracking_uri, "experiment": reg.name,
+                          "tags": tags}
+        else:
             if not resume:  # a fresh start must not pick up the checkpoint of a run the store no longer continues
                 shutil.rmtree(out_dir / spec.run_name, ignore_errors=True)
-            cfg = merge(cfg, {
-                "threads": cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
+            task.cfg = merge(task.cfg, {
+                "threads": task.cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
                 "logging.experiment": reg.name, "logging.run_name": spec.run_name, "logging.output_dir": str(out_dir),
                 "logging.tags": {**spec.cfg.logging.tags, **tags}, "logging.progress": progress,
             })
-        else:
-            world_out = str(out_dir / "world")
-        tasks.append(Task(i, reg.kind, spec.variant, spec.seed, cfg, resume, note, tracking_uri, reg.name, tags,
-                          world_out, nproc, launcher))
+        tasks.append(task)
     return tasks, done
 
 
@@ -230,7 +207,7 @@ def execute(task: Task) -> Outcome:
     """Run one task to the end; never raises except KeyboardInterrupt."""
     t0 = time.time()
     try:
-        out = _train(task) if task.kind == "train" else _build_world(task)
+        out = _build_world(task) if task.world else _train(task)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - one broken run must not take the grid down
@@ -269,37 +246,17 @@ def _build_world(task: Task) -> Outcome:
     from .world import build_world
     from .world.config import world_config_from_dict
 
-    out = Outcome(task.variant, task.seed, "FINISHED")
+    error, w = None, task.world
     try:
         # force: we only get here when the store has no finished run of this world, so a cached
         # build (which build_world would return without logging) must be rebuilt to be logged.
-        build_world(world_config_from_dict(task.cfg), task.world_out, tracking_uri=task.tracking_uri,
-                    experiment=task.experiment, parent_run_id=task.parent_run_id, tags=task.tags, progress=False,
-                    force=True)
-    except Exception as e:  # noqa: BLE001
-        out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
-    # Find the run build_world logged (by our tags) so the summary can read its metrics.
-    exp_id = tracking.ensure_experiment(task.tracking_uri, task.experiment)
-    runs = [r for r in grid_runs(task.tracking_uri, exp_id, task.experiment) if task.tags.items() <= r.data.tags.items()]
-    if runs:
-        out.run_id, status = runs[-1].info.run_id, runs[-1].info.status
-        if out.status == "FAILED" and status == "RUNNING":
-            tracking.set_tags(task.tracking_uri, out.run_id, {K.TAG_FAILURE: (out.error or "")[:4000]})
-            tracking.end_run(task.tracking_uri, out.run_id, "FAILED")
-        elif out.status == "FINISHED" and status != "FINISHED":
-            out.status, out.error = "FAILED", f"world run ended {status}"
-    return out
-
-
-def outcome_of(fut: Future, task: Task) -> Outcome:
-    """The run's Outcome, or FAILED with why when its worker process or job died under it."""
-    try:
-        return fut.result()
-    except BrokenProcessPool:
-        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
-    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
-        why = f"{type(e).__name__}: {e}"
-    return Outcome(task.variant, task.seed, "FAILED", error=why, note=task.note)
+        build_world(world_config_from_dict(task.cfg), **w, parent_run_id=task.parent_run_id, progress=False, force=True)
+    except Exception as e:  # noqa: BLE001 - build_world has ended its run FAILED
+        error = f"{type(e).__name__}: {e}"
+    # The run build_world logged (found by our tags), so the summary can read its metrics.
+    runs = [r for r in grid_runs(w["tracking_uri"], w["experiment"]) if w["tags"].items() <= r.data.tags.items()]
+    status = runs[-1].info.status if runs and not error else "FAILED"
+    return Outcome(task.variant, task.seed, status, runs[-1].info.run_id if runs else None, error=error)
 
 
 # -- The runner ------------------------------------------------------------------------------------
@@ -326,18 +283,18 @@ class AblationResult:
 
 
 class Progress:
-    """One line per finished run. On a terminal also tqdm bars: the grid, and each train run in
-    flight (read from the store every POLL_S, whichever executor runs it); elsewhere each line ends
-    with the elapsed time and an ETA: elapsed / runs finished here x runs left."""
+    """One line per finished run. On a terminal also a tqdm bar of the grid whose postfix shows each
+    train run in flight (step, RM score, KL and length, read from the store every POLL_S, whichever
+    executor runs it); elsewhere each line ends with the elapsed time and an ETA: elapsed / runs
+    finished here x runs left."""
 
     def __init__(self, reg: Registry, done: int, bars: bool):
         from tqdm.auto import tqdm
 
         self.tqdm, self.name, self.on = tqdm, reg.name, bars
         self.total, self.done, self.t0, self.finished_here = len(reg.runs), done, time.time(), 0
-        self.grid = tqdm(total=self.total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True, disable=not bars)
-        self.bars: dict[str, Any] = {}
-        """Run id -> its step bar."""
+        self.grid = tqdm(total=self.total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True,
+                         disable=not bars)
         self.steps = {(r.variant, str(r.seed)): r.cfg.ppo.steps for r in reg.runs if reg.kind == "train"}
 
     def write(self, line: str) -> None:
@@ -351,36 +308,26 @@ class Progress:
         line = f"[{self.done:>{len(str(self.total))}}/{self.total}] {out.describe()}"
         if not self.on:
             el = time.time() - self.t0
-            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(el / self.finished_here * (self.total - self.done))}"
+            eta = el / self.finished_here * (self.total - self.done)
+            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(eta)}"
         self.write(line)
 
-    def poll(self, uri: str, experiment_id: str) -> None:
-        """Step bars for the train runs in flight: latest step and score from the store."""
-        live = grid_runs(uri, experiment_id, self.name, f"attributes.status = 'RUNNING' and tags.`{K.TAG_ROLE}` = 'train'")
-        for r in live:
-            t, m = r.data.tags, r.data.metrics
-            bar = self.bars.get(r.info.run_id)
-            if bar is None:
-                v, seed = t.get(K.TAG_VARIANT), t.get(K.TAG_SEED)
-                bar = self.bars[r.info.run_id] = self.tqdm(total=self.steps.get((v, seed)), desc=f"  {v} · s{seed}",
-                                                           unit="step", leave=False, dynamic_ncols=True)
+    def poll(self, uri: str) -> None:
+        """The train runs in flight, in the grid bar's postfix: latest step and scores from the store."""
+        shown = []
+        for r in grid_runs(uri, self.name, f"attributes.status = 'RUNNING' and tags.`{K.TAG_ROLE}` = 'train'"):
+            v, seed, m = r.data.tags.get(K.TAG_VARIANT), r.data.tags.get(K.TAG_SEED), r.data.metrics
             step = max((s for s, _ in tracking.metric_history(uri, r.info.run_id, K.RM_SCORE)), default=0)
-            shown = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))
-            bar.set_postfix({short: f"{m[key]:.3g}" for key, short in shown if key in m}, refresh=False)
-            bar.update(step - bar.n)
-        for rid in set(self.bars) - {r.info.run_id for r in live}:
-            self.bars.pop(rid).close()
-
-    def close(self) -> None:
-        for b in self.bars.values():
-            b.close()
-        self.grid.close()
+            scores = "".join(f" {short}={m[k]:.3g}" for k, short in SHOWN if k in m)
+            shown.append(f"{v} · s{seed} {step}/{self.steps.get((v, seed), '?')}{scores}")
+        self.grid.set_postfix_str("; ".join(shown))
 
 
 def open_parent(reg: Registry, uri: str, existing: list[Any], create: bool) -> str | None:
     """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else a
     new one if `create`."""
-    ghash = hashlib.sha256(json.dumps(sorted((r.variant, r.seed, r.config_hash) for r in reg.runs)).encode()).hexdigest()[:16]
+    grid = json.dumps(sorted((r.variant, r.seed, r.config_hash) for r in reg.runs))
+    ghash = hashlib.sha256(grid.encode()).hexdigest()[:16]
     same = [r for r in existing if r.data.tags.get(K.TAG_ROLE) == "parent" and r.data.tags.get(TAG_GRID) == ghash]
     if same:
         tracking.reopen_run(uri, same[-1].info.run_id)
@@ -424,9 +371,8 @@ def run_ablation(
         raise GridBusy(f"another `python -m harness.ablate` is running grid {reg.name!r} on store {uri} "
                        f"(lock {lock}); wait for it to finish, or stop it, then rerun") from None
     with held:
-        exp_id = tracking.ensure_experiment(uri, reg.name)
-        mark_dead(uri, exp_id, reg.name)
-        existing = grid_runs(uri, exp_id, reg.name)
+        mark_dead(uri, reg.name)
+        existing = grid_runs(uri, reg.name)
         threads = threads or DEFAULT_THREADS
         bars = sys.stderr.isatty() if progress is None else progress
         tasks, outcomes = plan_tasks(reg, existing, tracking_uri=uri, runs_dir=runs_dir, threads=threads,
@@ -436,7 +382,8 @@ def run_ablation(
         how = "in this process" if workers == 0 else f"{executor_kind} executor, {min(workers, len(tasks))} at a time"
         prog.write(f"{reg.name} (Fig. {reg.figure}): {len(reg.runs)} runs = {len(reg.variants)} variants x "
                    f"{len(reg.seeds)} seeds; {len(outcomes)} finished earlier, {n_resume} to resume, "
-                   f"{len(tasks) - n_resume} to start" + (f"; {how} x {threads} thread(s)" if tasks else " (nothing to run)"))
+                   f"{len(tasks) - n_resume} to start"
+                   + (f"; {how} x {threads} thread(s)" if tasks else " (nothing to run)"))
         for line in reg.warnings:
             prog.write(f"warning: {line}")
         for o in outcomes.values():
@@ -452,22 +399,27 @@ def run_ablation(
                 outcomes[t.index] = Outcome(t.variant, t.seed, "KILLED", error="interrupted", note="interrupted")
             ex = executor(executor_kind, workers, runs_dir / reg.name / "submitit", **(cluster or {}))
             try:
-                drive(ex, tasks, outcomes, prog, lambda: prog.poll(uri, exp_id))
+                drive(ex, tasks, outcomes, prog, lambda: prog.poll(uri))
                 ex.shutdown()
             except KeyboardInterrupt:
                 interrupted = True
                 prog.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
                 ex.shutdown(cancel=True)
-            mark_dead(uri, exp_id, reg.name)  # runs whose worker died under them: KILLED, so a rerun resumes them
-        prog.close()
+            mark_dead(uri, reg.name)  # runs whose worker died under them: KILLED, so a rerun resumes them
+        prog.grid.close()
 
-        result = AblationResult(reg, [outcomes[i] for i in sorted(outcomes)], parent_id, uri, time.time() - t0, interrupted)
-        try:
+        ordered = [outcomes[i] for i in sorted(outcomes)]
+        result = AblationResult(reg, ordered, parent_id, uri, time.time() - t0, interrupted)
+        out = runs_dir / reg.name
+        try:  # summary_runs.csv (per run) and summary.csv (per variant), also on the parent run
             result.per_run, result.summary = summarize(result)
-            write_summary_files(result, runs_dir / reg.name)
+            out.mkdir(parents=True, exist_ok=True)
+            result.per_run.to_csv(out / "summary_runs.csv", index=False)
+            result.summary.to_csv(out / "summary.csv")
+            if parent_id:
+                tracking.log_file_artifacts(uri, parent_id, [out / "summary_runs.csv", out / "summary.csv"])
         except Exception as e:  # noqa: BLE001 - a summary problem must not hide the runs' outcome
-            print(f"(could not build or write the summary under {runs_dir / reg.name}: {type(e).__name__}: {e})",
-                  file=sys.stderr)
+            print(f"(could not build or write the summary under {out}: {type(e).__name__}: {e})", file=sys.stderr)
         if parent_id:
             failed = result.failed
             tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(result.outcomes))}
@@ -483,8 +435,15 @@ def drive(ex: Any, tasks: list[Task], outcomes: dict[int, Outcome], prog: Progre
     futures: dict[Future, Task] = {}
 
     def collect(f: Future) -> None:
+        """The run's Outcome, or FAILED with why when its worker process or job died under it."""
         t = futures.pop(f)
-        outcomes[t.index] = outcome_of(f, t)
+        try:
+            outcomes[t.index] = f.result()
+        except BrokenProcessPool:
+            why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
+            outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
+        except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
+            outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=f"{type(e).__name__}: {e}", note=t.note)
         prog.finish(outcomes[t.index])
 
     for t in tasks:
@@ -511,16 +470,11 @@ def summarize(result: AblationResult) -> tuple[Any, Any]:
     for o in result.outcomes:
         row: dict[str, Any] = {"variant": o.variant, "seed": o.seed, "status": o.status, "run_id": o.run_id,
                                "collapsed": bool(o.collapsed), "error": o.error or ""}
-        if o.run_id:
-            run = c.get_run(o.run_id)
-            row["status"] = run.info.status if o.status != "KILLED" else o.status
-            row["collapsed"] = run.data.tags.get(K.TAG_COLLAPSED) == "true"
-            row["error"] = row["error"] or run.data.tags.get(K.TAG_FAILURE, "")
-            for header, key, stat in columns:
-                history = sorted(c.get_metric_history(o.run_id, key), key=lambda m: (m.step, m.timestamp))
-                by_step = {m.step: m.value for m in history}
-                if by_step:
-                    row[header] = S.reduce_run([by_step[s] for s in sorted(by_step)], stat)
+        for header, key, stat in columns:
+            history = c.get_metric_history(o.run_id, key) if o.run_id else []
+            by_step = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}  # the last per step
+            if by_step:
+                row[header] = S.reduce_run([by_step[s] for s in sorted(by_step)], stat)
         rows.append(row)
     per_run = pd.DataFrame(rows)
     table = []
@@ -530,19 +484,7 @@ def summarize(result: AblationResult) -> tuple[Any, Any]:
         for header in (h for h, _, _ in columns if h in per_run):  # no data anywhere (gold on HH-RLHF): no column
             r[header] = S.fmt_mean_sd(S.describe(g[header]))
         table.append(r)
-    return per_run, pd.DataFrame(table).set_index("variant") if table else pd.DataFrame()
-
-
-def write_summary_files(result: AblationResult, out: Path) -> None:
-    """summary_runs.csv (per run) and summary.csv (per variant) in `out`, also on the parent run."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "summary_runs.csv"]
-    result.per_run.to_csv(files[0], index=False)
-    if len(result.summary):
-        result.summary.to_csv(out / "summary.csv")
-        files.append(out / "summary.csv")
-    if result.parent_run_id:
-        tracking.log_file_artifacts(result.tracking_uri, result.parent_run_id, files)
+    return per_run, pd.DataFrame(table).set_index("variant")
 
 
 def print_summary(result: AblationResult) -> None:
@@ -560,7 +502,8 @@ def print_summary(result: AblationResult) -> None:
     if result.failed:
         print(f"\n{len(result.failed)} run(s) did not finish:")
         for o in result.failed:
-            print(f"  - {o.variant} · seed {o.seed}: {o.status}: {o.why}" + (f"  (run {o.run_id})" if o.run_id else ""))
+            run = f"  (run {o.run_id})" if o.run_id else ""
+            print(f"  - {o.variant} · seed {o.seed}: {o.status}: {o.why}{run}")
         print("Rerun the same command to retry them; finished runs are skipped.")
     elif result.interrupted:
         print("\ninterrupted; rerun the same command to resume.")
@@ -572,21 +515,28 @@ def print_summary(result: AblationResult) -> None:
 def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
     """The options that pick and run a grid, shared with the main job (harness.main)."""
     ap.add_argument("--workers", type=int, default=workers, metavar="N",
-                    help=f"runs at a time, each in its own process or Slurm job (0 = in this process, for pdb; "
-                         f"default {workers})")
+                    help=f"runs at a time, each in its own process or job (0: here, for pdb; default {workers})")
     ap.add_argument("--seeds", metavar="LIST", help="seeds to run instead of the file's, e.g. 0,1 or 0-4")
     ap.add_argument("--set", dest="overrides", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override a config key in every run, e.g. --set ppo.steps=20 (repeatable)")
-    ap.add_argument("--scale", default=None, metavar="NAME", help="use the file's profiles.NAME settings, e.g. "
-                    "`paper` (the paper's own scale, GPU); default: the embedded world on CPU")
+    ap.add_argument("--scale", metavar="NAME", help="the file's profiles.NAME, e.g. paper (GPU); default: world (CPU)")
     ap.add_argument("--variant", dest="variants", action="append", default=[], metavar="NAME",
                     help="run only this variant (repeatable; exact legend name)")
-    ap.add_argument("--tracking-uri", default=None, metavar="URI",
-                    help="MLflow store (default: the base config's logging.tracking_uri, sqlite:///mlflow.db)")
-    ap.add_argument("--runs-dir", default="runs", metavar="DIR",
-                    help="checkpoints and run files go under DIR/NAME/ (default: runs)")
-    ap.add_argument("--no-progress", action="store_true",
-                    help="no progress bars (one line per finished run, with elapsed time and ETA, is still printed)")
+    ap.add_argument("--tracking-uri", metavar="URI", help="MLflow store (default: the base's logging.tracking_uri)")
+    ap.add_argument("--runs-dir", default="runs", metavar="DIR", help="run folders under DIR/NAME/ (default: runs)")
+    ap.add_argument("--no-progress", action="store_true", help="no bars; a line per finished run (elapsed, ETA) stays")
+    ap.add_argument("--threads", type=int, metavar="N", help=f"torch threads per run (default {DEFAULT_THREADS})")
+    ex = ap.add_argument_group("where runs execute")
+    ex.add_argument("--executor", choices=EXECUTORS, default="local",
+                    help="local: a process per run; slurm: a Slurm job per run (submitit); submitit-local: that "
+                         "path without Slurm (default: local)")
+    ex.add_argument("--nproc", type=int, metavar="N", help="ranks per run, via torchrun/deepspeed (default: every "
+                    "visible GPU for a CUDA DeepSpeed config, else 1 = the worker's own process)")
+    ex.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="multi-rank launcher (default: torchrun)")
+    ex.add_argument("--slurm-partition", metavar="NAME", help="Slurm partition (--executor slurm)")
+    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per job (def. 1440)")
+    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per job (default: 0)")
+    ex.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job (default: --threads)")
 
 
 def load_grid(args: argparse.Namespace, name: str) -> Registry:
@@ -597,36 +547,39 @@ def load_grid(args: argparse.Namespace, name: str) -> Registry:
                          only=args.variants or None)
 
 
+def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
+    """Preflight, then the grid with the options of add_grid_args, its summary printed; or the exit
+    code when it cannot run (2: not runnable on this machine, 3: another runner holds the grid)."""
+    problems = preflight(reg)
+    if problems:
+        print("error: " + "\n".join(problems), file=sys.stderr)
+        return 2
+    cluster = {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
+               "cpus_per_task": args.slurm_cpus or args.threads or DEFAULT_THREADS, "name": f"ablate-{reg.name}",
+               **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
+    try:
+        result = run_ablation(reg, workers=args.workers, tracking_uri=args.tracking_uri, runs_dir=args.runs_dir,
+                              threads=args.threads, progress=False if args.no_progress else None,
+                              executor_kind=args.executor, nproc=args.nproc, launcher=args.launcher, cluster=cluster)
+    except GridBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    print_summary(result)
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m harness.ablate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run an ablation grid (one registry YAML = one paper figure) as MLflow child runs; "
                     "rerunning resumes it.",
         epilog="examples:\n" + "\n".join(f"  {line.strip()}" for line in (__doc__ or "").splitlines()[2:7])
-        + "\n  mlflow ui --backend-store-uri sqlite:///mlflow.db   # browse the runs\n"
-        "\nRegistry format: docs/CONTRACTS.md. Config keys for --set: `python -m harness.train --help`.",
+        + "\n\nRegistry format: docs/CONTRACTS.md. Config keys for --set: `python -m harness.train --help`.",
     )
     ap.add_argument("file", nargs="?", help="registry YAML (ablations/NAME.yaml) or just NAME")
-    ap.add_argument("--list", action="store_true",
-                    help="list every registry file with its figure, variants and estimated CPU minutes")
-    ap.add_argument("--dry-run", action="store_true", help="print the expanded runs and validate every config; train nothing")
+    ap.add_argument("--list", action="store_true", help="list every registry file, its runs and estimated CPU minutes")
+    ap.add_argument("--dry-run", action="store_true", help="print the expanded runs, check every config; train nothing")
     add_grid_args(ap, workers=1)
-    ap.add_argument("--threads", type=int, default=None, metavar="N",
-                    help=f"torch threads per run (default {DEFAULT_THREADS}: small models gain little from threads, "
-                         "use --workers for more cores)")
-    ex = ap.add_argument_group("where runs execute")
-    ex.add_argument("--executor", choices=EXECUTORS, default="local",
-                    help="local: each run in its own process on this machine; slurm: each run a Slurm job (submitit); "
-                         "submitit-local: the slurm path on this machine without Slurm (default: local)")
-    ex.add_argument("--nproc", type=int, default=None, metavar="N",
-                    help="ranks per run, started with torchrun/deepspeed (default: every visible GPU for a CUDA "
-                         "DeepSpeed config, e.g. --scale paper; else 1 = in the worker's own process)")
-    ex.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun",
-                    help="multi-rank launcher (default: torchrun)")
-    ex.add_argument("--slurm-partition", default=None, metavar="NAME", help="Slurm partition (--executor slurm)")
-    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per run job (default: 1440)")
-    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per run job (default: 0)")
-    ex.add_argument("--slurm-cpus", type=int, default=None, metavar="N", help="CPUs per run job (default: --threads)")
     return ap
 
 
@@ -658,7 +611,8 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels)}")
     print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {runs_dir / reg.name}/")
     on_gpu = any(getattr(r.cfg, "device", "cpu") != "cpu" for r in reg.runs)
-    cost = "GPU runs (no CPU-minute estimate)" if on_gpu else f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes"
+    cost = f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes"
+    cost = "GPU runs (no CPU-minute estimate)" if on_gpu else cost
     print(f"{len(reg.runs)} runs ({len(reg.variants)} variants x {len(reg.seeds)} seeds), {cost}:")
     w = max(len(r.variant) for r in reg.runs)
     for r in reg.runs:
@@ -703,29 +657,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    uri, runs_dir = args.tracking_uri or default_tracking_uri(reg), Path(args.runs_dir)
-    problems = preflight(reg)
     if args.dry_run:
-        print_dry_run(reg, uri, runs_dir)
+        print_dry_run(reg, args.tracking_uri or default_tracking_uri(reg), Path(args.runs_dir))
+        problems = preflight(reg)
         if problems:
             print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems))
         return 0
-    if problems:
-        print("error: " + "\n".join(problems), file=sys.stderr)
-        return 2
-    cluster = {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
-               "cpus_per_task": args.slurm_cpus or args.threads or DEFAULT_THREADS, "name": f"ablate-{reg.name}",
-               **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
-    try:
-        result = run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=runs_dir, threads=args.threads,
-                              progress=False if args.no_progress else None, executor_kind=args.executor,
-                              nproc=args.nproc, launcher=args.launcher, cluster=cluster)
-    except GridBusy as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    print_summary(result)
-    return result.exit_code
-
+    result = run_grid(reg, args)
+    return result if isinstance(result, int) else result.exit_code
 
 if __name__ == "__main__":
     sys.exit(main())

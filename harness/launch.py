@@ -1,20 +1,10 @@
 """Where runs execute: one executor interface (`submit(fn, *args) -> Future`) over three engines,
-and `launch_train`, the multi-rank engine for one training.
+and `launch_train`, the multi-rank engine for one training (contract: docs/CONTRACTS.md).
 
     ex = executor("local", workers=2)            # each call in its own spawned process, 2 at a time
     ex = executor("slurm", workers=8, folder="runs/x/slurm", slurm_partition="gpu", gpus_per_node=8)
     ex = executor("submitit-local", workers=2, folder=...)   # the slurm code path, without Slurm
     res = launch_train(cfg, nproc=2)             # a TrainConfig on 2 local ranks (torchrun)
-    res = launch_train("ablations/bases/paper_7b_deepspeed.yaml", ["ppo.steps=10"], nproc=8)
-
-`launch_train` writes the resolved config into the run folder (`launch_config.yaml`), starts
-`torchrun --standalone` (or `deepspeed`) on `-m harness.train` with it, and returns the `RunResult`
-that `harness.train.train` returns, read back from the trainer's `run.json` and its MLflow run
-(rank 0 logs the one run). `on_step(step, metrics)` works across the process boundary: the
-`watch` metrics are polled from MLflow and passed to it step by step; when it returns True a STOP
-file in the run folder stops the job after its current step (a step or two late).
-
-CLI (prints the RunResult as JSON):
     python -m harness.launch --nproc 2 CONFIG.yaml [--set k=v ...] [--resume] [--launcher deepspeed]
 """
 from __future__ import annotations
@@ -29,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -45,12 +36,12 @@ LAUNCHERS = ("torchrun", "deepspeed")
 class Executor:
     """`submit(fn, *args) -> Future`: at most `workers` calls at a time, each made by
     `engine(fn, *args)` (which blocks until the result) on a thread of this process; workers=0
-    calls fn at once in the caller's thread (for pdb). `cancel()` stops the engine's calls in flight
-    (cluster jobs, which a Ctrl-C here does not reach)."""
+    calls fn at once in the caller's thread (for pdb). An engine's `cancel()`, if it has one, stops
+    its calls in flight (cluster jobs, which a Ctrl-C here does not reach)."""
 
-    def __init__(self, workers: int, engine: Callable[..., Any], cancel: Callable[[], None] | None = None):
+    def __init__(self, workers: int, engine: Callable[..., Any]):
         self.pool = ThreadPoolExecutor(workers) if workers > 0 else None
-        self.engine, self.cancel = engine, cancel
+        self.engine = engine
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self.pool is not None:
@@ -64,8 +55,8 @@ class Executor:
 
     def shutdown(self, cancel: bool = False) -> None:
         """Wait for the calls in flight; cancel=True first drops those not started and cancels the others."""
-        if cancel and self.cancel is not None:
-            self.cancel()
+        if cancel and hasattr(self.engine, "cancel"):
+            self.engine.cancel()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=cancel)
 
@@ -111,22 +102,27 @@ def executor(kind: str, workers: int, folder: str | Path | None = None, **cluste
         return Executor(workers, in_own_process)
     if kind not in EXECUTORS:
         raise ValueError(f"executor: got {kind!r}; allowed: {', '.join(EXECUTORS)}")
-    engine = OnCluster(folder or "submitit", "slurm" if kind == "slurm" else "local", **cluster_params)
-    return Executor(workers, engine, engine.cancel)
+    return Executor(workers, OnCluster(folder or "submitit", "slurm" if kind == "slurm" else "local", **cluster_params))
 
 
 def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False, launcher: str = "torchrun",
+                   nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500,
                    program: Sequence[str] | None = None) -> list[str]:
-    """The command line that starts the job on this machine (each job on its own free port)."""
+    """The command line that starts the job on this machine (one call per machine when nnodes > 1;
+    one machine: torchrun picks a free port, so several jobs can share it)."""
     prog = list(program or ["-m", "harness.train"])
     tail = [str(config_path)] + (["--resume"] if resume else [])
+    many = [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={master_addr}"] if nnodes > 1 else []
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *prog, *tail]
+        where = [*many, f"--master_port={master_port}"] if many else ["--standalone"]
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *where, *prog, *tail]
     if launcher != "deepspeed":
         raise ValueError(f"launcher: got {launcher!r}; allowed: {', '.join(LAUNCHERS)}")
     beside = Path(sys.executable).with_name("deepspeed")  # the launcher of this environment
     ds = str(beside) if beside.exists() else (shutil.which("deepspeed") or "deepspeed")
-    return [ds, f"--num_gpus={nproc}", *(["--module", *prog[1:]] if prog[0] == "-m" else prog), *tail]
+    many = [m.replace("--nnodes", "--num_nodes") for m in many]
+    module = ["--module", *prog[1:]] if prog[0] == "-m" else prog
+    return [ds, f"--num_gpus={nproc}", f"--master_port={master_port}", *many, *module, *tail]
 
 
 def launch_train(
@@ -142,9 +138,12 @@ def launch_train(
     env: dict[str, str] | None = None,
     program: Sequence[str] | None = None,
 ):
-    """Train `cfg` (a TrainConfig, or a YAML path plus overrides) on `nproc` local ranks; returns a
-    `harness.train.RunResult`. Raises ConfigError for a config that does not validate (checked here,
-    before the job starts); a job that fails later returns status FAILED with the reason."""
+    """Train `cfg` (a TrainConfig, or a YAML path plus overrides) on `nproc` local ranks as one
+    torchrun/deepspeed job of `program` (default `-m harness.train`) on the config written to
+    `{run dir}/launch_config.yaml`; returns the `harness.train.RunResult` read back from the job's
+    run.json and MLflow run. on_step gets the `watch` metrics polled from MLflow every `poll_s`; when
+    it returns True a STOP file stops the job (a step or two late). Raises ConfigError for a config
+    that does not validate; a job that fails later returns status FAILED with the reason."""
     from .train import RunResult, default_run_name
 
     if isinstance(cfg, TrainConfig):
@@ -152,7 +151,8 @@ def launch_train(
         c = from_dict(merge(to_dict(cfg), over)) if over else cfg
     else:
         c = load_config(cfg, overrides)
-    c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=c.logging.run_name or default_run_name(c)))
+    run_name = c.logging.run_name or default_run_name(c)
+    c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=run_name))
     uri, run_dir = c.logging.tracking_uri, Path(c.logging.output_dir) / c.logging.run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "launch_config.yaml").write_text(to_yaml(c))
@@ -167,25 +167,23 @@ def launch_train(
 
     seen, stopped = 0, on_step is None
 
-    def feed() -> None:
-        """Pass the steps after `seen` with every `watch` key logged to on_step; STOP when it says so."""
-        nonlocal seen, stopped
+    def feed() -> bool:
+        """Pass the steps after `seen` with every `watch` key logged to on_step; True (and the STOP
+        file) once it says stop."""
+        nonlocal seen
+        hist: dict[int, dict[str, float]] = {}
         try:
-            rid = run_id()
-            if rid is None:
-                return
-            hist: dict[int, dict[str, float]] = {}
             for k in watch:
-                for step, v in tracking.metric_history(uri, rid, k):
+                for step, v in tracking.metric_history(uri, run_id(), k):
                     hist.setdefault(step, {})[k] = v
-        except Exception:  # noqa: BLE001 - run.json half written or the store busy: next poll
-            return
+        except Exception:  # noqa: BLE001 - no fresh run.json yet (or half written), the store busy: next poll
+            return False
         for step in sorted(s for s, m in hist.items() if s > seen and len(m) == len(watch)):
             seen = step
             if on_step(step, hist[step]):
                 (run_dir / STOP_FILE).touch()
-                stopped = True
-                return
+                return True
+        return False
 
     env = {**os.environ, **(env or {})}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -195,13 +193,9 @@ def launch_train(
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            while True:
-                try:
-                    rc = proc.wait(timeout=poll_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    if not stopped:
-                        feed()
+            while (rc := proc.poll()) is None:
+                time.sleep(poll_s)
+                stopped = stopped or feed()
         except BaseException:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
@@ -233,8 +227,8 @@ def launch_train(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.launch",
-                                 description="Run one training as a multi-rank job (torchrun or deepspeed) and wait for it.")
+    ap = argparse.ArgumentParser(prog="python -m harness.launch", description="Run one training as a multi-rank job "
+                                 "(torchrun or deepspeed) and wait for it.")
     ap.add_argument("config", nargs="?")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--nproc", type=int, required=True, help="ranks on this machine (GPUs, or CPU processes)")

@@ -69,28 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    uri = args.tracking_uri or ablate.default_tracking_uri(reg)
+    uri = args.tracking_uri = args.tracking_uri or ablate.default_tracking_uri(reg)
     print(f"main job: {reg.name} (Fig. {reg.figure}): {reg.title}")
     print(f"  {len(reg.runs)} runs, est. {ablate.estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes, "
           f"{args.workers} worker(s); MLflow store {redact(uri)}")
 
     print("\n[1/3] embedded world", flush=True)
     build_world_if_missing(reg, uri)
-    problems = ablate.preflight(reg)
-    if problems:
-        print("error: " + "\n".join(problems), file=sys.stderr)
-        return 2
-
     print(f"\n[2/3] ablation {reg.name}: {len(reg.variants)} variants x {len(reg.seeds)} seeds", flush=True)
-    try:
-        result = ablate.run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=args.runs_dir,
-                                     progress=False if args.no_progress else None)
-    except ablate.GridBusy as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    ablate.print_summary(result)
-    if result.interrupted:
-        return result.exit_code
+    result = ablate.run_grid(reg, args)
+    if isinstance(result, int) or result.interrupted:
+        return result if isinstance(result, int) else result.exit_code
 
     print(f"\n[3/3] figure and report: python -m reports.build {reg.name}", flush=True)
     from reports.build import build
@@ -108,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     fig_png = Path(RESULTS, reg.name, "figure.png")
     if fig_png.exists():
         print(f"figure: {fig_png.resolve()}")
-    print(f"runs:   mlflow ui --backend-store-uri {redact(uri)}   then http://127.0.0.1:5000 -> experiment {reg.name!r}")
+    print(f"runs:   mlflow ui --backend-store-uri {redact(uri)}   then http://127.0.0.1:5000 -> "
+          f"experiment {reg.name!r}")
     if result.failed:
         print(f"{len(result.failed)} run(s) failed (see the summary above); rerun the same command to retry them.")
     return 1 if (result.failed or errors) else 0

@@ -1,18 +1,11 @@
-"""The ablation registry: one YAML per paper figure under `ablations/`, read by one loader.
-
-A figure file holds its grid (a base config, shared `set`, seeds, named `variants` each optionally
-`inherit`ing an earlier one, and/or a product over `grid.axes`), other scales in `profiles`
-(`--scale paper`), the `panels`, the `claims` (the paper's, with its section, or `source: ours`),
-settings the paper does not state (`inferred`) and its place in the combined report (`order`).
+"""The ablation registry: one YAML per paper figure under `ablations/`, read by one loader (the
+file's format, and the order in which its settings apply: docs/CONTRACTS.md).
 
     reg = load_registry("ablations/score_reparam.yaml")  # one RunSpec per variant x seed, validated
     spec = load_registry(path, resolve=False)             # figures/reports: no train config built
 
 The file's shape goes through harness.schema; with `resolve=True` (the runner) every variant x
 seed config is validated too (harness.config, or the world's validator for `kind: world`).
-Settings apply in this order (later wins): base file -> profile overlay -> `set` -> profile `set`
--> variant (`inherit` chain, then its own `set`, or its grid point) -> profile `variant_set` ->
-`--set` -> seed.
 """
 from __future__ import annotations
 
@@ -419,7 +412,8 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
     for v in variants:
         s = slug(v.name)
         if seen.setdefault(s, v.name) != v.name:
-            problems.append(f"{where}variant {v.name!r} has the same folder name as {seen[s]!r} ({s}); names must differ")
+            problems.append(f"{where}variant {v.name!r} has the same folder name as {seen[s]!r} ({s}); "
+                            "names must differ")
     return variants
 
 
@@ -448,7 +442,8 @@ def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list
             for j, v in enumerate(value if isinstance(value, list) else [] if value is None else [value]):
                 if v not in names:
                     field = f"{attr}.{j}" if isinstance(value, list) else attr
-                    problems.append(f"{where}.rule.{field}: got {v!r}; not a variant of this grid" + did_you_mean(v, names))
+                    problems.append(f"{where}.rule.{field}: got {v!r}; not a variant of this grid"
+                                    + did_you_mean(v, names))
         if isinstance(rule, Trend) and sum(rule.axis in v.settings for v in variants) < 2:
             varied = sorted({k for v in variants for k in v.settings})
             problems.append(f"{where}.rule.axis: got {rule.axis!r}; fewer than two variants set it"
@@ -474,9 +469,6 @@ def load_registry(
     config): what figures and reports need; a sweep file then reads as kind "sweep".
     """
     path, src = Path(path), str(path)
-    if not path.is_file():
-        known = ablation_names(path.parent) if path.parent.is_dir() else []
-        raise RegistryError([f"{path}: registry file not found" + (did_you_mean(path.stem, known) if known else "")])
     try:
         raw = read_yaml(path, "ablation file")
         if "search_space" in raw:
@@ -484,7 +476,8 @@ def load_registry(
                 raise RegistryError([f"{src}: this is a sweep (it has search_space); run it with "
                                      f"`python -m harness.sweep {path}`"])
             return Registry(name=str(raw.get("name") or path.stem), title=str(raw.get("title") or path.stem),
-                            kind="sweep", path=path, description=str(raw.get("description") or ""), base=raw.get("base"))
+                            kind="sweep", path=path, description=str(raw.get("description") or ""),
+                            base=raw.get("base"))
         if isinstance(raw.get("variants"), list):  # a bare string is a variant with no settings
             raw["variants"] = [{"name": v} if isinstance(v, str) else v for v in raw["variants"]]
         fs = validate(FigureFile, raw, src)
@@ -542,7 +535,8 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     variant_sets = {}
     for vname, vset in profile.variant_set.items():
         if vname not in names:
-            problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant" + did_you_mean(vname, names))
+            problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant"
+                            + did_you_mean(vname, names))
         variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{scale}.variant_set[{vname!r}]", problems)
     for o in only or []:
         if o not in names:
@@ -577,7 +571,8 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
             layers = [overlay_data, reg.shared, profile_set, v.settings, variant_sets.get(v.name, {}), cli_set]
             cfg = resolved(layers + ([{"seed": seed}] if has_seed else []), f"variant {v.name!r} seed {seed}")
             if cfg is not None:
-                changed = {k: x for k, x in flatten(to_dict(cfg)).items() if common_flat.get(k, object()) != x and k != "seed"}
+                flat = flatten(to_dict(cfg))
+                changed = {k: x for k, x in flat.items() if common_flat.get(k, object()) != x and k != "seed"}
                 reg.runs.append(RunSpec(v.name, seed, cfg, hasher(cfg), changed))
     if base_cfg is not None:
         base_flat = flatten(to_dict(base_cfg))
