@@ -88,15 +88,6 @@ def default_tracking_uri(reg: Registry) -> str:
     return getattr(getattr(reg.common, "logging", None), "tracking_uri", None) or "sqlite:///mlflow.db"
 
 
-def lock_path(reg: Registry, uri: str, runs_dir: Path) -> Path:
-    """One lock per grid and store: beside a sqlite store's file (`NAME.ablate.mlflow.db.lock`), else
-    in the grid's runs folder."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///"))
-        return db.parent / f"{reg.name}.ablate.{db.name}.lock"
-    return runs_dir / reg.name / "ablate.lock"
-
-
 class GridBusy(RuntimeError):
     """Another runner holds this grid's lock."""
 
@@ -323,6 +314,18 @@ class Progress:
         self.grid.set_postfix_str("; ".join(shown))
 
 
+def collect(f: Future, t: Task, outcomes: dict[int, Outcome]) -> Outcome:
+    """Record the run's Outcome, or FAILED with why when its worker process or job died under it."""
+    try:
+        outcomes[t.index] = f.result()
+    except BrokenProcessPool:
+        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
+        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
+    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
+        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=f"{type(e).__name__}: {e}", note=t.note)
+    return outcomes[t.index]
+
+
 def open_parent(reg: Registry, uri: str, existing: list[Any], create: bool) -> str | None:
     """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else a
     new one if `create`."""
@@ -363,7 +366,9 @@ def run_ablation(
     t0 = time.time()
     uri = tracking_uri or default_tracking_uri(reg)
     runs_dir = Path(runs_dir)
-    lock = lock_path(reg, uri, runs_dir)
+    # one lock per grid and store: beside a sqlite store's file, else in the grid's runs folder
+    db, local = Path(uri.removeprefix("sqlite:///")), uri.startswith("sqlite:///")
+    lock = db.parent / f"{reg.name}.ablate.{db.name}.lock" if local else runs_dir / reg.name / "ablate.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     try:
         held = FileLock(lock).acquire(timeout=0)
@@ -398,8 +403,18 @@ def run_ablation(
                 t.parent_run_id = parent_id
                 outcomes[t.index] = Outcome(t.variant, t.seed, "KILLED", error="interrupted", note="interrupted")
             ex = executor(executor_kind, workers, runs_dir / reg.name / "submitit", **(cluster or {}))
+            futures: dict[Future, Task] = {}
             try:
-                drive(ex, tasks, outcomes, prog, lambda: prog.poll(uri))
+                for t in tasks:
+                    f = ex.submit(execute, t)
+                    futures[f] = t
+                    if f.done():  # --workers 0 ran it already
+                        prog.finish(collect(f, futures.pop(f), outcomes))
+                while futures:  # each outcome as it finishes, polling the store for the bar meanwhile
+                    for f in wait(futures, timeout=POLL_S if prog.on else None, return_when=FIRST_COMPLETED).done:
+                        prog.finish(collect(f, futures.pop(f), outcomes))
+                    if prog.on and futures:
+                        prog.poll(uri)
                 ex.shutdown()
             except KeyboardInterrupt:
                 interrupted = True
@@ -428,34 +443,6 @@ def run_ablation(
             tracking.set_tags(uri, parent_id, tags)
             tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
     return result
-
-
-def drive(ex: Any, tasks: list[Task], outcomes: dict[int, Outcome], prog: Progress, poll: Any) -> None:
-    """Submit every task; collect each outcome as it finishes (and poll the bars meanwhile)."""
-    futures: dict[Future, Task] = {}
-
-    def collect(f: Future) -> None:
-        """The run's Outcome, or FAILED with why when its worker process or job died under it."""
-        t = futures.pop(f)
-        try:
-            outcomes[t.index] = f.result()
-        except BrokenProcessPool:
-            why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
-            outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
-        except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
-            outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=f"{type(e).__name__}: {e}", note=t.note)
-        prog.finish(outcomes[t.index])
-
-    for t in tasks:
-        f = ex.submit(execute, t)
-        futures[f] = t
-        if f.done():  # --workers 0 ran it already
-            collect(f)
-    while futures:
-        for f in wait(futures, timeout=POLL_S if prog.on else None, return_when=FIRST_COMPLETED).done:
-            collect(f)
-        if prog.on and futures:
-            poll()
 
 
 # -- Summary: the report's final/peak table (harness.summary), from the store ----------------------

@@ -525,9 +525,8 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     has_seed = "seed" in leaves
     if not seeds_given and profile.seeds:
         reg.seeds = list(profile.seeds)
-    twice = sorted({s for s in reg.seeds if reg.seeds.count(s) > 1})
-    if twice:
-        reg.warnings.append(f"seed(s) {twice} listed more than once; each variant x seed runs once")
+    if len(set(reg.seeds)) < len(reg.seeds):
+        reg.warnings.append(f"seeds {reg.seeds}: a seed listed more than once runs once")
         reg.seeds = list(dict.fromkeys(reg.seeds))
     if not has_seed and len(reg.seeds) > 1:
         problems.append(f"{where}seeds: {cls.__name__} has no seed field, so give one seed")
@@ -538,11 +537,9 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
             problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant"
                             + did_you_mean(vname, names))
         variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{scale}.variant_set[{vname!r}]", problems)
-    for o in only or []:
-        if o not in names:
-            problems.append(f"--variant {o!r}: not in {reg.path.name}" + did_you_mean(o, names))
-    if only:
-        reg.variants = [v for v in reg.variants if v.name in only]
+    problems += [f"--variant {o!r}: not in {reg.path.name}" + did_you_mean(o, names)
+                 for o in only or [] if o not in names]
+    reg.variants = [v for v in reg.variants if not only or v.name in only]
     if problems:
         return
 
