@@ -437,13 +437,10 @@ def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list
         except ConfigError as e:
             problems += e.problems
             continue
-        for attr in ("lower", "higher", "variant", "variants"):
-            value = getattr(rule, attr, None)
-            for j, v in enumerate(value if isinstance(value, list) else [] if value is None else [value]):
-                if v not in names:
-                    field = f"{attr}.{j}" if isinstance(value, list) else attr
-                    problems.append(f"{where}.rule.{field}: got {v!r}; not a variant of this grid"
-                                    + did_you_mean(v, names))
+        named = [(f"variants.{j}", v) for j, v in enumerate(getattr(rule, "variants", []))]
+        named += [(a, getattr(rule, a)) for a in ("lower", "higher", "variant") if getattr(rule, a, None) is not None]
+        problems += [f"{where}.rule.{field}: got {v!r}; not a variant of this grid" + did_you_mean(v, names)
+                     for field, v in named if v not in names]
         if isinstance(rule, Trend) and sum(rule.axis in v.settings for v in variants) < 2:
             varied = sorted({k for v in variants for k in v.settings})
             problems.append(f"{where}.rule.axis: got {rule.axis!r}; fewer than two variants set it"
