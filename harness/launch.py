@@ -173,10 +173,13 @@ def launch_train(
         nonlocal seen
         hist: dict[int, dict[str, float]] = {}
         try:
+            rid = run_id()
+            if rid is None:  # the job has not opened its run yet
+                return False
             for k in watch:
-                for step, v in tracking.metric_history(uri, run_id(), k):
+                for step, v in tracking.metric_history(uri, rid, k):
                     hist.setdefault(step, {})[k] = v
-        except Exception:  # noqa: BLE001 - no fresh run.json yet (or half written), the store busy: next poll
+        except Exception:  # noqa: BLE001 - run.json half written or the store busy: next poll
             return False
         for step in sorted(s for s, m in hist.items() if s > seen and len(m) == len(watch)):
             seen = step
