@@ -1,32 +1,15 @@
 """Run one ablation: every variant x seed of a registry file, as child MLflow runs of one parent.
 
     python -m harness.ablate ablations/score_reparam.yaml --workers 2
-    python -m harness.ablate ablations/score_reparam.yaml --dry-run        # expand + validate only
-    python -m harness.ablate ablations/kl_eta.yaml --seeds 0 --set ppo.steps=20
+    python -m harness.ablate score_reparam --dry-run                  # expand + validate only
+    python -m harness.ablate kl_eta --seeds 0 --set ppo.steps=20
     python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8
-    python -m harness.ablate --list                                        # the whole registry
+    python -m harness.ablate --list                                   # the whole registry
 
-Resume, from the MLflow store alone: rerunning the same command skips runs that FINISHED with the
-same resolved config (tag harness.config_hash), continues runs that were KILLED (or left RUNNING by
-a runner that died) from their last checkpoint into the same MLflow run (train(cfg, resume=True) in
-a run folder fixed by the config hash and variant x seed), and starts FAILED runs over. The grid
-stays under one parent run (tag harness.grid_hash: same runs, same parent). A lock file per grid
-and store keeps a second runner off a grid in flight, so whatever the store shows RUNNING once the
-lock is held is dead, and is marked KILLED. One failing variant never stops the others; the exit
-code is 1 and the summary names each failed run and why (3: another runner holds the grid).
-
-Where runs execute (harness.launch): `--executor local` runs each in its own spawned process,
-`--workers N` at a time, the CPU threads split among them (at most DEFAULT_MAX_THREADS each unless
---threads says more); `--workers 0` runs everything in this process (for pdb); `--executor slurm`
-submits each run as a Slurm job (submitit; `submitit-local`: the same path on this machine). A run
-whose config needs several ranks (a CUDA DeepSpeed config on a machine with several GPUs,
-e.g. `--scale paper`, or `--nproc N`) becomes a torchrun / deepspeed job inside its worker
-(harness.launch.launch_train). After a crash of the runner itself, cancel its Slurm jobs (and any
-torchrun ranks left behind) before rerunning: only the runner's own processes die with it.
-
-Layout: MLflow experiment = registry name; run folders (the trainer's checkpoints) under
-`{--runs-dir}/{name}/{config hash}/{variant-slug}-s{seed}/`; `{--runs-dir}/{name}/summary.csv` (per
-variant) and `summary_runs.csv` (per run), also logged on the parent run.
+Rerunning resumes from the MLflow store alone (finished runs skipped, killed ones continued from
+their checkpoint, failed ones started over) under the grid's one parent run; a lock per grid keeps
+a second runner off it. Runs execute through harness.launch. Resume, layout and executors in
+detail: docs/CONTRACTS.md, "The ablation runner".
 """
 from __future__ import annotations
 
@@ -48,44 +31,32 @@ from filelock import FileLock, Timeout
 from . import keys as K
 from . import summary as S
 from . import tracking
+from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
+from .registry import (
+    Registry, UnknownAblation, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
+)
+from .schema import ConfigError, merge, parse_overrides, to_dict
 from .tracking import redact
-from .config import ConfigError, merge, parse_overrides, to_dict
-from .launch import EXECUTORS, executor, launch_train
-from .registry import ABLATIONS_DIR, Registry, RunSpec, load_registry, parse_seeds, registry_files
 
-# -- CPU cost model for --list -----------------------------------------------------------------
-# One PPO step on the default embedded world (rollout of 32 prompts x 24-token cap, RM + gold
-# scoring, 2 epochs x 2 minibatches of policy and critic updates) costs about STEP_COST_S seconds
-# on one CPU thread: 0.3-0.5 s on an idle core, more once a collapsing run's responses reach the
-# cap (measured: ~0.6 CPU-s and 1.0 s wall per step with the dev box 3x oversubscribed; time it
-# yourself with bench/ablate_score_reparam.py). Cost scales roughly linearly with rollout batch x
-# response cap x epochs; a critic-pretraining step costs about as much as a step; an eval pass
-# generates over data.eval_prompts.
+# CPU cost model (--list, the main job): one PPO step on the default world (32 prompts x 24-token
+# cap, 2 epochs) costs about STEP_COST_S on one thread (0.3-0.5 s idle, more once responses reach the
+# cap; bench/ablate_score_reparam.py times it), scaling with batch x cap x epochs.
 STEP_COST_S = 0.5
 EVAL_COST_S_PER_32_PROMPTS = 0.15
 RUN_OVERHEAD_S = 8.0  # worker start, model load, MLflow run set-up and final eval/checkpoint
 WORLD_BUILD_CPU_MIN = 4.5  # one default embedded-world build (kind: world), single thread: measured 4.4 CPU-min
 
-# The world's models are small: a second torch thread buys little, and on shared cores extra
-# threads mostly spin (measured: 3-step runs 15-90 s with 2 threads vs 2-4 s with 1 thread while
-# the box was oversubscribed). So more cores are used through --workers, not threads.
-DEFAULT_MAX_THREADS = 1
+# The world's models are small: a second torch thread buys little and on shared cores mostly spins
+# (3-step runs: 15-90 s with 2 threads vs 2-4 s with 1), so more cores go to --workers.
+DEFAULT_THREADS = 1
 
 TAG_GRID = "harness.grid_hash"
 """On the parent run: hash of the grid's (variant, seed, config hash) list; a rerun of the same
 grid reopens the parent with this tag instead of starting a second one."""
 POLL_S = 2.0
-"""Seconds between reads of the store for the progress bars of runs in flight."""
-
-
-# --------------------------------------------------------------------------------------------
-# Small helpers
-# --------------------------------------------------------------------------------------------
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+"""Seconds between reads of the store for the progress of runs in flight."""
+SHOWN = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))
+"""Metrics of a run in flight shown on the progress bar, with their short names."""
 
 
 def estimate_cpu_minutes(reg: Registry) -> float:
@@ -95,10 +66,11 @@ def estimate_cpu_minutes(reg: Registry) -> float:
     total = 0.0
     for r in reg.runs:
         c = r.cfg
-        per_step = STEP_COST_S * (c.ppo.rollout_batch_size / 32) * (c.generation.max_new_tokens / 24) * (c.ppo.ppo_epochs / 2)
-        steps = c.ppo.steps + c.ppo.critic_pretrain_steps + c.reward.running_stats_init
+        cap = c.generation.max_new_tokens / 24
+        per_step = STEP_COST_S * (c.ppo.rollout_batch_size / 32) * cap * (c.ppo.ppo_epochs / 2)
+        steps = c.ppo.steps + c.ppo.critic_pretrain_steps + c.reward.running_stats_init  # a pretraining step ~ a step
         evals = (c.ppo.steps // c.logging.eval_every + 1) if c.logging.eval_every else 0
-        eval_s = evals * EVAL_COST_S_PER_32_PROMPTS * (c.data.eval_prompts / 32) * (c.generation.max_new_tokens / 24)
+        eval_s = evals * EVAL_COST_S_PER_32_PROMPTS * (c.data.eval_prompts / 32) * cap
         total += per_step * steps + eval_s + RUN_OVERHEAD_S
     return total / 60
 
@@ -108,79 +80,37 @@ def fmt_duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
-def fmt_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
-
-
 def fmt_changes(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={fmt_value(v)}" for k, v in d.items()) or "(same as common)"
+    return ", ".join(f"{k}={format_axis_value(v)}" for k, v in d.items()) or "(same as common)"
 
 
-def resolve_registry_path(text: str) -> Path:
-    """A path, or a bare registry name (`score_reparam`) looked up in ablations/."""
-    p = Path(text)
-    if p.is_file() or p.suffix in (".yaml", ".yml"):
-        return p
-    cand = ABLATIONS_DIR / f"{text}.yaml"
-    return cand if cand.is_file() else p
-
-
-def unique_runs(reg: Registry) -> tuple[list[RunSpec], str | None]:
-    """The grid's runs, each variant x seed once (`--seeds 0,0` lists one twice), and a note if
-    any was dropped."""
-    runs = list({(r.variant, r.seed): r for r in reg.runs}.values())
-    twice = sorted({s for s in reg.seeds if reg.seeds.count(s) > 1})
-    return runs, (f"seed(s) {twice} listed more than once; each variant x seed runs once" if twice else None)
-
-
-def grid_hash(runs: list[RunSpec]) -> str:
-    return hashlib.sha256(json.dumps(sorted((r.variant, r.seed, r.config_hash) for r in runs)).encode()).hexdigest()[:16]
-
-
-def lock_path(reg: Registry, uri: str, runs_dir: Path) -> Path:
-    """One lock per grid and store: beside a sqlite store's file (`NAME.ablate.mlflow.db.lock`), else
-    in the grid's runs folder."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        return db.parent / f"{reg.name}.ablate.{db.name}.lock"
-    return runs_dir / reg.name / "ablate.lock"
+def default_tracking_uri(reg: Registry) -> str:
+    return getattr(getattr(reg.common, "logging", None), "tracking_uri", None) or "sqlite:///mlflow.db"
 
 
 class GridBusy(RuntimeError):
     """Another runner holds this grid's lock."""
 
 
-# --------------------------------------------------------------------------------------------
-# Planning: what each run needs, from the MLflow store alone
-# --------------------------------------------------------------------------------------------
+# -- Planning: what each run needs, from the MLflow store alone ------------------------------------
 @dataclass
 class Task:
     """A run handed to an executor (plain data: it crosses a process boundary)."""
 
     index: int
-    kind: str
     variant: str
     seed: int
-    config_hash: str
     cfg: dict[str, Any]
     """The run's resolved config (TrainConfig or WorldConfig as a dict), runner settings applied."""
     resume: bool
     note: str
-    tracking_uri: str
-    experiment: str
-    tags: dict[str, str]
-    parent_run_id: str | None = None
-    world_out: str | None = None
-    """kind world: the world's output folder."""
-    nproc: int | None = None
+    nproc: int | None
     """Ranks per run (None: every visible GPU for a CUDA DeepSpeed config, else 1)."""
-    launcher: str = "torchrun"
+    launcher: str
+    world: dict[str, Any] | None = None
+    """kind world: build_world's out_dir, tracking_uri, experiment and tags (the runner's, by which
+    the store finds the run); None for train runs."""
+    parent_run_id: str | None = None
 
 
 @dataclass
@@ -200,96 +130,84 @@ class Outcome:
     def ok(self) -> bool:
         return self.status == "FINISHED"
 
+    @property
+    def why(self) -> str:
+        return (self.error or "no reason recorded").strip().splitlines()[0]
 
-def runner_tags(reg: Registry, spec: RunSpec) -> dict[str, str]:
-    return {
-        K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_VARIANT: spec.variant,
-        K.TAG_SEED: str(spec.seed), K.TAG_CONFIG_HASH: spec.config_hash,
-    }
+    def describe(self) -> str:
+        who = f"{self.variant} · seed {self.seed}"
+        if not self.ok:
+            return f"{self.status:<6} {who}: {self.why}"
+        collapsed = f"collapsed at step {self.collapse_step}" if self.collapse_step else "collapsed"
+        bits = [f"{self.steps_done} steps" if self.steps_done else "", fmt_duration(self.wall_s) if self.wall_s else "",
+                collapsed if self.collapsed else "", self.note if self.note != "new" else ""]
+        return f"done   {who}: " + ", ".join(b for b in bits if b)
 
 
-def grid_runs(uri: str, experiment_id: str, ablation: str, where: str = "") -> list[Any]:
-    """Every run (parent and children) this grid logged to the store, oldest first."""
-    runs = tracking.client(uri).search_runs(
-        [experiment_id], filter_string=f"tags.`{K.TAG_ABLATION}` = '{ablation}'" + (f" and {where}" if where else ""),
-        max_results=50000)
+def grid_runs(uri: str, name: str, where: str = "") -> list[Any]:
+    """Every run (parent and children) grid `name` logged to its experiment, oldest first."""
+    query = f"tags.`{K.TAG_ABLATION}` = '{name}'" + (f" and {where}" if where else "")
+    runs = tracking.client(uri).search_runs([tracking.ensure_experiment(uri, name)], query, max_results=50000)
     return sorted(runs, key=lambda r: r.info.start_time)
 
 
-def _run_key(run: Any) -> tuple[str, str, str]:
-    t = run.data.tags
-    return t.get(K.TAG_VARIANT, ""), t.get(K.TAG_SEED, ""), t.get(K.TAG_CONFIG_HASH, "")
-
-
-def mark_dead(uri: str, experiment_id: str, ablation: str) -> None:
+def mark_dead(uri: str, name: str) -> None:
     """Runs of this grid still RUNNING while we hold its lock belong to a runner that died (or a
     worker that crashed): close them as KILLED. Resuming a train run reopens it."""
-    for r in grid_runs(uri, experiment_id, ablation, "attributes.status = 'RUNNING'"):
+    for r in grid_runs(uri, name, "attributes.status = 'RUNNING'"):
         tracking.end_run(uri, r.info.run_id, "KILLED")
 
 
-def plan_tasks(reg: Registry, runs: list[RunSpec], existing: list[Any], *, tracking_uri: str, runs_dir: Path,
-               threads: int, progress: bool, nproc: int | None, launcher: str) -> tuple[list[Task], list[Outcome]]:
-    """Split the grid into runs already FINISHED and runs to do: resume the ones last seen KILLED,
-    start the others (new, or FAILED before) from scratch."""
-    history: dict[tuple[str, str, str], list[Any]] = {}
-    for r in existing:
-        if r.data.tags.get(K.TAG_ROLE) != "parent":
-            history.setdefault(_run_key(r), []).append(r)
+def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_dir: Path, threads: int,
+               progress: bool, nproc: int | None, launcher: str) -> tuple[list[Task], dict[int, Outcome]]:
+    """Split the grid into runs already FINISHED (their outcomes, by index) and runs to do: resume
+    the ones last seen KILLED, start the others (new, or FAILED before) from scratch."""
     tasks: list[Task] = []
-    done: list[Outcome] = []
-    for i, spec in enumerate(runs):
-        seen = history.get((spec.variant, str(spec.seed), spec.config_hash), [])
+    done: dict[int, Outcome] = {}
+    for i, spec in enumerate(reg.runs):
+        tags = {K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_VARIANT: spec.variant,
+                K.TAG_SEED: str(spec.seed), K.TAG_CONFIG_HASH: spec.config_hash}
+        seen = [r for r in existing if tags.items() <= r.data.tags.items()]
         finished = [r for r in seen if r.info.status == "FINISHED"]
         if finished:
-            r = finished[-1]
-            done.append(Outcome(spec.variant, spec.seed, "FINISHED", run_id=r.info.run_id,
-                                collapsed=r.data.tags.get(K.TAG_COLLAPSED) == "true", note="finished earlier"))
+            collapsed = finished[-1].data.tags.get(K.TAG_COLLAPSED) == "true"
+            done[i] = Outcome(spec.variant, spec.seed, "FINISHED", finished[-1].info.run_id, collapsed=collapsed)
             continue
         last = seen[-1].info.status if seen else None
         resume = reg.kind == "train" and last in ("KILLED", "RUNNING")
         note = "resume from its last checkpoint" if resume else (f"rerun after {last}" if last else "new")
-        out_dir = Path(runs_dir) / reg.name / spec.config_hash  # the hash in the path: a changed config never shares a checkpoint
-        tags = runner_tags(reg, spec)
-        cfg, world_out = to_dict(spec.cfg), None
-        if reg.kind == "train":
+        out_dir = runs_dir / reg.name / spec.config_hash  # a changed config never shares a checkpoint
+        task = Task(i, spec.variant, spec.seed, to_dict(spec.cfg), resume, note, nproc, launcher)
+        if reg.kind == "world":
+            task.world = {"out_dir": str(out_dir / "world"), "tracking_uri": tracking_uri, "experiment": reg.name,
+                          "tags": tags}
+        else:
             if not resume:  # a fresh start must not pick up the checkpoint of a run the store no longer continues
                 shutil.rmtree(out_dir / spec.run_name, ignore_errors=True)
-            cfg = merge(cfg, {
-                "threads": cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
+            task.cfg = merge(task.cfg, {
+                "threads": task.cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
                 "logging.experiment": reg.name, "logging.run_name": spec.run_name, "logging.output_dir": str(out_dir),
                 "logging.tags": {**spec.cfg.logging.tags, **tags}, "logging.progress": progress,
             })
-        else:
-            world_out = str(out_dir / "world")
-        tasks.append(Task(i, reg.kind, spec.variant, spec.seed, spec.config_hash, cfg, resume, note, tracking_uri,
-                          reg.name, tags, world_out=world_out, nproc=nproc, launcher=launcher))
+        tasks.append(task)
     return tasks, done
 
 
-# --------------------------------------------------------------------------------------------
-# Executing one run (in a worker process, a cluster job, or this process)
-# --------------------------------------------------------------------------------------------
+# -- Executing one run (in a worker process, a cluster job, or this process) -----------------------
 def execute(task: Task) -> Outcome:
     """Run one task to the end; never raises except KeyboardInterrupt."""
     t0 = time.time()
-    out = Outcome(task.variant, task.seed, "FAILED", note=task.note)
     try:
-        if task.kind == "train":
-            res = _train(task)
-            out.status, out.run_id, out.steps_done = res.status, res.run_id, res.steps_done
-            out.collapsed, out.collapse_step, out.error = res.collapsed, res.collapse_step, res.error
-        else:
-            out = _execute_world(task, out)
+        out = _build_world(task) if task.world else _train(task)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - one broken run must not take the grid down
-        out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
-    out.wall_s = time.time() - t0
+        out = Outcome(task.variant, task.seed, "FAILED", error=f"{type(e).__name__}: {e}")
+    out.note, out.wall_s = task.note, time.time() - t0
     return out
 
 
-def _train(task: Task) -> Any:
+def _train(task: Task) -> Outcome:
     """harness.train.train in this process, or launch_train when the run needs several ranks."""
     import torch
 
@@ -305,54 +223,34 @@ def _train(task: Task) -> Any:
         return False
 
     # a DeepSpeed config on a GPU machine takes every visible GPU (the paper scale); else one process
-    gpus = torch.cuda.device_count() if cfg.device != "cpu" and cfg.distributed.deepspeed else 1
-    nproc = task.nproc or gpus
+    nproc = task.nproc or (torch.cuda.device_count() if cfg.device != "cpu" and cfg.distributed.deepspeed else 1)
     if nproc > 1:
-        return launch_train(cfg, nproc=nproc, resume=task.resume, on_step=on_step, launcher=task.launcher)
-    return train(cfg, resume=task.resume, on_step=on_step)
+        res = launch_train(cfg, nproc=nproc, resume=task.resume, on_step=on_step, launcher=task.launcher)
+    else:
+        res = train(cfg, resume=task.resume, on_step=on_step)
+    return Outcome(task.variant, task.seed, res.status, res.run_id, res.steps_done, res.collapsed, res.collapse_step,
+                   res.error)
 
 
-def _execute_world(task: Task, out: Outcome) -> Outcome:
+def _build_world(task: Task) -> Outcome:
     """kind: world: build a world for this variant; its RM training is the child run."""
     from .world import build_world
     from .world.config import world_config_from_dict
 
+    error, w = None, task.world
     try:
         # force: we only get here when the store has no finished run of this world, so a cached
         # build (which build_world would return without logging) must be rebuilt to be logged.
-        build_world(world_config_from_dict(task.cfg), task.world_out, tracking_uri=task.tracking_uri,
-                    experiment=task.experiment, parent_run_id=task.parent_run_id,
-                    tags=task.tags, progress=False, force=True)
-        out.status = "FINISHED"
-    except Exception as e:  # noqa: BLE001
-        out.status, out.error = "FAILED", f"{type(e).__name__}: {e}"
-    # Find the run build_world logged (by our tags) so the summary can read its metrics.
-    exp_id = tracking.ensure_experiment(task.tracking_uri, task.experiment)
-    runs = [r for r in grid_runs(task.tracking_uri, exp_id, task.experiment) if _run_key(r) == (task.variant, str(task.seed), task.config_hash)]
-    if runs:
-        out.run_id, status = runs[-1].info.run_id, runs[-1].info.status
-        if out.status == "FAILED" and status == "RUNNING":
-            tracking.set_tags(task.tracking_uri, out.run_id, {K.TAG_FAILURE: (out.error or "")[:4000]})
-            tracking.end_run(task.tracking_uri, out.run_id, "FAILED")
-        elif out.status == "FINISHED" and status != "FINISHED":
-            out.status, out.error = "FAILED", f"world run ended {status}"
-    return out
+        build_world(world_config_from_dict(task.cfg), **w, parent_run_id=task.parent_run_id, progress=False, force=True)
+    except Exception as e:  # noqa: BLE001 - build_world has ended its run FAILED
+        error = f"{type(e).__name__}: {e}"
+    # The run build_world logged (found by our tags), so the summary can read its metrics.
+    runs = [r for r in grid_runs(w["tracking_uri"], w["experiment"]) if w["tags"].items() <= r.data.tags.items()]
+    status = runs[-1].info.status if runs and not error else "FAILED"
+    return Outcome(task.variant, task.seed, status, runs[-1].info.run_id if runs else None, error=error)
 
 
-def outcome_of(fut: Future, task: Task) -> Outcome:
-    """The run's Outcome, or FAILED with why when its worker process or job died under it."""
-    try:
-        return fut.result()
-    except BrokenProcessPool:
-        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
-    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
-        why = f"{type(e).__name__}: {e}"
-    return Outcome(task.variant, task.seed, "FAILED", error=why, note=task.note)
-
-
-# --------------------------------------------------------------------------------------------
-# The runner
-# --------------------------------------------------------------------------------------------
+# -- The runner ------------------------------------------------------------------------------------
 @dataclass
 class AblationResult:
     registry: Registry
@@ -360,11 +258,11 @@ class AblationResult:
     parent_run_id: str | None
     tracking_uri: str
     wall_s: float
+    interrupted: bool = False
     summary: Any = None
     """pandas DataFrame, one row per variant (S.TRAIN_TABLE / S.WORLD_TABLE columns)."""
     per_run: Any = None
     """pandas DataFrame, one row per run."""
-    interrupted: bool = False
 
     @property
     def failed(self) -> list[Outcome]:
@@ -375,32 +273,20 @@ class AblationResult:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
 
-def describe_outcome(o: Outcome) -> str:
-    who = f"{o.variant} · seed {o.seed}"
-    if o.ok:
-        bits = [f"{o.steps_done} steps" if o.steps_done else "", fmt_duration(o.wall_s) if o.wall_s else "",
-                f"collapsed at step {o.collapse_step}" if o.collapsed and o.collapse_step else ("collapsed" if o.collapsed else ""),
-                o.note if o.note != "new" else ""]
-        return f"done   {who}: " + ", ".join(b for b in bits if b)
-    why = (o.error or "no reason recorded").strip().splitlines()[0]
-    return f"{o.status:<6} {who}: {why}"
-
-
 class Progress:
-    """One line per finished run. On a terminal also tqdm bars: the grid, and each run in flight
-    (read from the store every POLL_S, whichever executor runs it); elsewhere each line ends with
-    the elapsed time and an ETA: elapsed / runs finished here x runs left."""
+    """One line per finished run. On a terminal also a tqdm bar of the grid whose postfix shows each
+    train run in flight (step, RM score, KL and length, read from the store every POLL_S, whichever
+    executor runs it); elsewhere each line ends with the elapsed time and an ETA: elapsed / runs
+    finished here x runs left."""
 
-    def __init__(self, reg: Registry, total: int, done: int, bars: bool):
+    def __init__(self, reg: Registry, done: int, bars: bool):
         from tqdm.auto import tqdm
 
-        self.tqdm, self.reg, self.total, self.done, self.t0, self.finished_here = tqdm, reg, total, done, time.time(), 0
-        self.grid = tqdm(total=total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True, disable=not bars)
-        self.bars: dict[str, Any] = {}  # run id -> bar
-
-    @property
-    def bars_on(self) -> bool:
-        return not self.grid.disable
+        self.tqdm, self.name, self.on = tqdm, reg.name, bars
+        self.total, self.done, self.t0, self.finished_here = len(reg.runs), done, time.time(), 0
+        self.grid = tqdm(total=self.total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True,
+                         disable=not bars)
+        self.steps = {(r.variant, str(r.seed)): r.cfg.ppo.steps for r in reg.runs if reg.kind == "train"}
 
     def write(self, line: str) -> None:
         self.tqdm.write(line, file=sys.stdout)
@@ -410,37 +296,41 @@ class Progress:
         self.done += 1
         self.finished_here += 1
         self.grid.update(1)
-        line = f"[{self.done:>{len(str(self.total))}}/{self.total}] {describe_outcome(out)}"
-        if not self.bars_on:
+        line = f"[{self.done:>{len(str(self.total))}}/{self.total}] {out.describe()}"
+        if not self.on:
             el = time.time() - self.t0
-            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(el / self.finished_here * (self.total - self.done))}"
+            eta = el / self.finished_here * (self.total - self.done)
+            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(eta)}"
         self.write(line)
 
-    def poll(self, uri: str, experiment_id: str, steps: dict[tuple[str, str], int]) -> None:
-        """Step bars for the train runs in flight: latest step and score from the store."""
-        live = grid_runs(uri, experiment_id, self.reg.name, f"attributes.status = 'RUNNING' and tags.`{K.TAG_ROLE}` = 'train'")
-        for r in live:
-            t, m = r.data.tags, r.data.metrics
-            bar = self.bars.get(r.info.run_id)
-            if bar is None:
-                v, seed = t.get(K.TAG_VARIANT), t.get(K.TAG_SEED)
-                bar = self.bars[r.info.run_id] = self.tqdm(total=steps.get((v, seed)), desc=f"  {v} · s{seed}", unit="step",
-                                                           leave=False, dynamic_ncols=True)
-            step = max((p.step for p in tracking.client(uri).get_metric_history(r.info.run_id, K.RM_SCORE)), default=0)
-            bar.set_postfix({short: f"{m[key]:.3g}" for key, short in ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len")) if key in m}, refresh=False)
-            bar.update(step - bar.n)
-        for rid in set(self.bars) - {r.info.run_id for r in live}:
-            self.bars.pop(rid).close()
-
-    def close(self) -> None:
-        for b in self.bars.values():
-            b.close()
-        self.grid.close()
+    def poll(self, uri: str) -> None:
+        """The train runs in flight, in the grid bar's postfix: latest step and scores from the store."""
+        shown = []
+        for r in grid_runs(uri, self.name, f"attributes.status = 'RUNNING' and tags.`{K.TAG_ROLE}` = 'train'"):
+            v, seed, m = r.data.tags.get(K.TAG_VARIANT), r.data.tags.get(K.TAG_SEED), r.data.metrics
+            step = max((s for s, _ in tracking.metric_history(uri, r.info.run_id, K.RM_SCORE)), default=0)
+            scores = "".join(f" {short}={m[k]:.3g}" for k, short in SHOWN if k in m)
+            shown.append(f"{v} · s{seed} {step}/{self.steps.get((v, seed), '?')}{scores}")
+        self.grid.set_postfix_str("; ".join(shown))
 
 
-def open_parent(reg: Registry, uri: str, existing: list[Any], ghash: str, runs: int, create: bool) -> str | None:
+def collect(f: Future, t: Task, outcomes: dict[int, Outcome]) -> Outcome:
+    """Record the run's Outcome, or FAILED with why when its worker process or job died under it."""
+    try:
+        outcomes[t.index] = f.result()
+    except BrokenProcessPool:
+        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
+        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
+    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
+        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=f"{type(e).__name__}: {e}", note=t.note)
+    return outcomes[t.index]
+
+
+def open_parent(reg: Registry, uri: str, existing: list[Any], create: bool) -> str | None:
     """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else a
     new one if `create`."""
+    grid = json.dumps(sorted((r.variant, r.seed, r.config_hash) for r in reg.runs))
+    ghash = hashlib.sha256(grid.encode()).hexdigest()[:16]
     same = [r for r in existing if r.data.tags.get(K.TAG_ROLE) == "parent" and r.data.tags.get(TAG_GRID) == ghash]
     if same:
         tracking.reopen_run(uri, same[-1].info.run_id)
@@ -452,8 +342,8 @@ def open_parent(reg: Registry, uri: str, existing: list[Any], ghash: str, runs: 
         TAG_GRID: ghash, "harness.registry_file": str(reg.path), "harness.scale": reg.scale,
     })
     tracking.log_params(uri, pid, {
-        "registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds, "variants": [v.name for v in reg.variants],
-        "runs": runs, **{f"common.{k}": v for k, v in reg.common_changes.items()},
+        "registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds, "variants": reg.variant_names,
+        "runs": len(reg.runs), **{f"common.{k}": v for k, v in reg.common_changes.items()},
     })
     return pid
 
@@ -474,10 +364,11 @@ def run_ablation(
     """Run (or resume) the grid of `reg`; returns outcomes, the parent run id and summary tables.
     Raises GridBusy when another runner holds the grid. cluster: submitit parameters (--executor slurm)."""
     t0 = time.time()
-    uri = tracking_uri or _default_tracking_uri(reg)
+    uri = tracking_uri or default_tracking_uri(reg)
     runs_dir = Path(runs_dir)
-    runs, note = unique_runs(reg)
-    lock = lock_path(reg, uri, runs_dir)
+    # one lock per grid and store: beside a sqlite store's file, else in the grid's runs folder
+    db, local = Path(uri.removeprefix("sqlite:///")), uri.startswith("sqlite:///")
+    lock = db.parent / f"{reg.name}.ablate.{db.name}.lock" if local else runs_dir / reg.name / "ablate.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     try:
         held = FileLock(lock).acquire(timeout=0)
@@ -485,144 +376,102 @@ def run_ablation(
         raise GridBusy(f"another `python -m harness.ablate` is running grid {reg.name!r} on store {uri} "
                        f"(lock {lock}); wait for it to finish, or stop it, then rerun") from None
     with held:
-        exp_id = tracking.ensure_experiment(uri, reg.name)
-        mark_dead(uri, exp_id, reg.name)
-        existing = grid_runs(uri, exp_id, reg.name)
-        slots = max(1, min(max(workers, 1), len(runs)))
-        threads = threads or max(1, min(DEFAULT_MAX_THREADS, cpu_count() // slots))
+        mark_dead(uri, reg.name)
+        existing = grid_runs(uri, reg.name)
+        threads = threads or DEFAULT_THREADS
         bars = sys.stderr.isatty() if progress is None else progress
-        tasks, done = plan_tasks(reg, runs, existing, tracking_uri=uri, runs_dir=runs_dir, threads=threads,
-                                 progress=bars and workers == 0, nproc=nproc, launcher=launcher)
-        prog = Progress(reg, total=len(runs), done=len(done), bars=bars)
+        tasks, outcomes = plan_tasks(reg, existing, tracking_uri=uri, runs_dir=runs_dir, threads=threads,
+                                     progress=bars and workers == 0, nproc=nproc, launcher=launcher)
+        prog = Progress(reg, done=len(outcomes), bars=bars)
         n_resume = sum(t.resume for t in tasks)
-        how = "in this process" if workers == 0 else f"{executor_kind} executor, {slots} at a time"
-        prog.write(f"{reg.name} (Fig. {reg.figure}): {len(runs)} runs = {len(reg.variants)} variants x {len(set(reg.seeds))} seeds; "
-                   f"{len(done)} finished earlier, {n_resume} to resume, {len(tasks) - n_resume} to start"
+        how = "in this process" if workers == 0 else f"{executor_kind} executor, {min(workers, len(tasks))} at a time"
+        prog.write(f"{reg.name} (Fig. {reg.figure}): {len(reg.runs)} runs = {len(reg.variants)} variants x "
+                   f"{len(reg.seeds)} seeds; {len(outcomes)} finished earlier, {n_resume} to resume, "
+                   f"{len(tasks) - n_resume} to start"
                    + (f"; {how} x {threads} thread(s)" if tasks else " (nothing to run)"))
-        if note:
-            prog.write(f"note: {note}")
-        for o in done:
+        for line in reg.warnings:
+            prog.write(f"warning: {line}")
+        for o in outcomes.values():
             prog.write(f"  skip   {o.variant} · seed {o.seed}: finished earlier (run {o.run_id})")
 
-        parent_id = open_parent(reg, uri, existing, grid_hash(runs), len(runs), create=bool(tasks))
-        outcomes: dict[int, Outcome] = {}
+        parent_id = open_parent(reg, uri, existing, create=bool(tasks))
         interrupted = False
         if tasks:
             tracking.set_tags(uri, parent_id, {"harness.workers": str(workers), "harness.executor": executor_kind,
                                                "harness.threads_per_run": str(threads)})
             for t in tasks:
                 t.parent_run_id = parent_id
+                outcomes[t.index] = Outcome(t.variant, t.seed, "KILLED", error="interrupted", note="interrupted")
             ex = executor(executor_kind, workers, runs_dir / reg.name / "submitit", **(cluster or {}))
+            futures: dict[Future, Task] = {}
             try:
-                steps = {(s.variant, str(s.seed)): s.cfg.ppo.steps for s in runs} if reg.kind == "train" else {}
-                drive(ex, tasks, outcomes, prog, lambda: prog.poll(uri, exp_id, steps))
+                for t in tasks:
+                    f = ex.submit(execute, t)
+                    futures[f] = t
+                    if f.done():  # --workers 0 ran it already
+                        prog.finish(collect(f, futures.pop(f), outcomes))
+                while futures:  # each outcome as it finishes, polling the store for the bar meanwhile
+                    for f in wait(futures, timeout=POLL_S if prog.on else None, return_when=FIRST_COMPLETED).done:
+                        prog.finish(collect(f, futures.pop(f), outcomes))
+                    if prog.on and futures:
+                        prog.poll(uri)
                 ex.shutdown()
             except KeyboardInterrupt:
                 interrupted = True
                 prog.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
                 ex.shutdown(cancel=True)
-            mark_dead(uri, exp_id, reg.name)  # runs whose worker died under them: KILLED, so a rerun resumes them
-        prog.close()
+            mark_dead(uri, reg.name)  # runs whose worker died under them: KILLED, so a rerun resumes them
+        prog.grid.close()
 
-        order = {(s.variant, s.seed): i for i, s in enumerate(runs)}
-        all_out = done + list(outcomes.values())
-        all_out += [Outcome(t.variant, t.seed, "KILLED", note="interrupted") for t in tasks if t.index not in outcomes]
-        all_out.sort(key=lambda o: order.get((o.variant, o.seed), 0))
-        result = AblationResult(reg, all_out, parent_id, uri, time.time() - t0, interrupted=interrupted)
-        try:
+        ordered = [outcomes[i] for i in sorted(outcomes)]
+        result = AblationResult(reg, ordered, parent_id, uri, time.time() - t0, interrupted)
+        out = runs_dir / reg.name
+        try:  # summary_runs.csv (per run) and summary.csv (per variant), also on the parent run
             result.per_run, result.summary = summarize(result)
+            out.mkdir(parents=True, exist_ok=True)
+            result.per_run.to_csv(out / "summary_runs.csv", index=False)
+            result.summary.to_csv(out / "summary.csv")
+            if parent_id:
+                tracking.log_file_artifacts(uri, parent_id, [out / "summary_runs.csv", out / "summary.csv"])
         except Exception as e:  # noqa: BLE001 - a summary problem must not hide the runs' outcome
-            print(f"(could not build the summary table: {type(e).__name__}: {e})", file=sys.stderr)
-        _write_summary_files(result, runs_dir)
+            print(f"(could not build or write the summary under {out}: {type(e).__name__}: {e})", file=sys.stderr)
         if parent_id:
             failed = result.failed
-            tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(all_out))}
+            tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(result.outcomes))}
             if failed:
-                tags["harness.failed"] = "; ".join(f"{o.variant} s{o.seed}: {(o.error or o.status)[:200]}" for o in failed)[:4900]
+                tags["harness.failed"] = "; ".join(f"{o.variant} s{o.seed}: {o.why[:200]}" for o in failed)[:4900]
             tracking.set_tags(uri, parent_id, tags)
             tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
     return result
 
 
-def drive(ex: Any, tasks: list[Task], outcomes: dict[int, Outcome], prog: Progress, poll: Any) -> None:
-    """Submit every task; collect each outcome as it finishes (and poll the bars meanwhile)."""
-    futures: dict[Future, Task] = {}
-
-    def collect(f: Future) -> None:
-        t = futures.pop(f)
-        outcomes[t.index] = outcome_of(f, t)
-        prog.finish(outcomes[t.index])
-
-    for t in tasks:
-        f = ex.submit(execute, t)
-        futures[f] = t
-        if f.done():  # --workers 0 ran it already
-            collect(f)
-    while futures:
-        for f in wait(futures, timeout=POLL_S if prog.bars_on else None, return_when=FIRST_COMPLETED).done:
-            collect(f)
-        if prog.bars_on and futures:
-            poll()
-
-
-def _default_tracking_uri(reg: Registry) -> str:
-    return getattr(getattr(reg.common, "logging", None), "tracking_uri", None) or "sqlite:///mlflow.db"
-
-
-# --------------------------------------------------------------------------------------------
-# Summary: the report's final/peak table (harness.summary), from the store
-# --------------------------------------------------------------------------------------------
+# -- Summary: the report's final/peak table (harness.summary), from the store ----------------------
 def summarize(result: AblationResult) -> tuple[Any, Any]:
     """Per run, each column of S.TRAIN_TABLE / S.WORLD_TABLE (one value per logged step, the last
     if a step was logged twice); per variant, mean ± sd over seeds, as the report's table."""
     import pandas as pd
 
-    reg, uri = result.registry, result.tracking_uri
+    reg, c = result.registry, tracking.client(result.tracking_uri)
     columns = S.WORLD_TABLE if reg.kind == "world" else S.TRAIN_TABLE
-    c = tracking.client(uri)
     rows = []
     for o in result.outcomes:
         row: dict[str, Any] = {"variant": o.variant, "seed": o.seed, "status": o.status, "run_id": o.run_id,
                                "collapsed": bool(o.collapsed), "error": o.error or ""}
-        if o.run_id:
-            run = c.get_run(o.run_id)
-            row["status"] = run.info.status if o.status != "KILLED" else o.status
-            row["collapsed"] = run.data.tags.get(K.TAG_COLLAPSED) == "true"
-            row["error"] = row["error"] or run.data.tags.get(K.TAG_FAILURE, "")
-            for header, key, stat in columns:
-                by_step = {m.step: m.value for m in sorted(c.get_metric_history(o.run_id, key), key=lambda m: (m.step, m.timestamp))}
-                if by_step:
-                    row[header] = S.reduce_run([by_step[s] for s in sorted(by_step)], stat)
+        for header, key, stat in columns:
+            history = c.get_metric_history(o.run_id, key) if o.run_id else []
+            by_step = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}  # the last per step
+            if by_step:
+                row[header] = S.reduce_run([by_step[s] for s in sorted(by_step)], stat)
         rows.append(row)
     per_run = pd.DataFrame(rows)
     table = []
-    for name in [v.name for v in reg.variants]:
-        g = per_run[per_run["variant"] == name] if len(per_run) else per_run
-        if not len(g):
-            continue
+    for name, g in per_run.groupby("variant", sort=False):
         r: dict[str, Any] = {"variant": name, "runs": len(g), "finished": int((g["status"] == "FINISHED").sum()),
                              "failed": int((g["status"] != "FINISHED").sum()), "collapsed": int(g["collapsed"].sum())}
         for header in (h for h, _, _ in columns if h in per_run):  # no data anywhere (gold on HH-RLHF): no column
             r[header] = S.fmt_mean_sd(S.describe(g[header]))
         table.append(r)
-    return per_run, pd.DataFrame(table).set_index("variant") if table else pd.DataFrame()
-
-
-def _write_summary_files(result: AblationResult, runs_dir: Path) -> None:
-    if result.per_run is None:
-        return
-    out = Path(runs_dir) / result.registry.name
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        files = [out / "summary_runs.csv"]
-        result.per_run.to_csv(files[0], index=False)
-        if result.summary is not None and len(result.summary):
-            result.summary.to_csv(out / "summary.csv")
-            files.append(out / "summary.csv")
-        if result.parent_run_id:
-            tracking.log_file_artifacts(result.tracking_uri, result.parent_run_id, files)
-    except Exception as e:  # noqa: BLE001
-        print(f"(could not write the summary files under {out}: {e})", file=sys.stderr)
+    return per_run, pd.DataFrame(table).set_index("variant")
 
 
 def print_summary(result: AblationResult) -> None:
@@ -630,18 +479,18 @@ def print_summary(result: AblationResult) -> None:
 
     reg = result.registry
     print(f"\n== {reg.name} (Fig. {reg.figure}) — {len(result.outcomes)} runs in {fmt_duration(result.wall_s)}; "
-          f"store {redact(result.tracking_uri)}, experiment {reg.name!r}" + (f", parent run {result.parent_run_id}" if result.parent_run_id else ""))
+          f"store {redact(result.tracking_uri)}, experiment {reg.name!r}"
+          + (f", parent run {result.parent_run_id}" if result.parent_run_id else ""))
     if result.summary is not None and len(result.summary):
         with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 40):
             print(f"\nmean ± sd over seeds of: final = mean of the last {S.FINAL_TAIL:.0%} of logged steps, "
                   f"peak = largest value (as in the report's table):")
             print(result.summary.to_string())
-    failed = result.failed
-    if failed:
-        print(f"\n{len(failed)} run(s) did not finish:")
-        for o in failed:
-            why = (o.error or o.status).strip().splitlines()[0]
-            print(f"  - {o.variant} · seed {o.seed}: {o.status}: {why}" + (f"  (run {o.run_id})" if o.run_id else ""))
+    if result.failed:
+        print(f"\n{len(result.failed)} run(s) did not finish:")
+        for o in result.failed:
+            run = f"  (run {o.run_id})" if o.run_id else ""
+            print(f"  - {o.variant} · seed {o.seed}: {o.status}: {o.why}{run}")
         print("Rerun the same command to retry them; finished runs are skipped.")
     elif result.interrupted:
         print("\ninterrupted; rerun the same command to resume.")
@@ -649,106 +498,120 @@ def print_summary(result: AblationResult) -> None:
         print(f"\nall {len(result.outcomes)} runs finished.")
 
 
-# --------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m harness.ablate",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run an ablation grid (one registry YAML = one paper figure) as MLflow child runs; "
-                    "rerunning resumes it.",
-        epilog=(
-            "examples:\n"
-            "  python -m harness.ablate --list\n"
-            "  python -m harness.ablate ablations/score_reparam.yaml --dry-run\n"
-            "  python -m harness.ablate ablations/score_reparam.yaml --workers 2\n"
-            "  python -m harness.ablate kl_eta --seeds 0 --set ppo.steps=20   # quick smoke run\n"
-            "  python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8\n"
-            "  mlflow ui --backend-store-uri sqlite:///mlflow.db                # browse the runs\n"
-            "\nRegistry format: docs/CONTRACTS.md. Config keys for --set: harness/config.py "
-            "(or `python -m harness.train --help`)."
-        ),
-    )
-    ap.add_argument("file", nargs="?", help="registry YAML (ablations/NAME.yaml) or just NAME")
-    ap.add_argument("--list", action="store_true", help="list every registry file with its figure, variants and estimated CPU minutes")
-    ap.add_argument("--dry-run", action="store_true", help="print the expanded runs and validate every config; train nothing")
-    ap.add_argument("--workers", type=int, default=1, metavar="N",
-                    help="runs at a time, each in its own process (or Slurm job), CPU threads split among them (0 = in this process, for pdb)")
+# -- CLI -------------------------------------------------------------------------------------------
+def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
+    """The options that pick and run a grid, shared with the main job (harness.main)."""
+    ap.add_argument("--workers", type=int, default=workers, metavar="N",
+                    help=f"runs at a time, each in its own process or job (0: here, for pdb; default {workers})")
     ap.add_argument("--seeds", metavar="LIST", help="seeds to run instead of the file's, e.g. 0,1 or 0-4")
     ap.add_argument("--set", dest="overrides", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override a config key in every run, e.g. --set ppo.steps=20 (repeatable)")
-    ap.add_argument("--scale", default=None, metavar="NAME",
-                    help="use the file's profiles.NAME settings, e.g. `paper` (the paper's own scale, GPU); default: the embedded world on CPU")
+    ap.add_argument("--scale", metavar="NAME", help="the file's profiles.NAME, e.g. paper (GPU); default: world (CPU)")
     ap.add_argument("--variant", dest="variants", action="append", default=[], metavar="NAME",
                     help="run only this variant (repeatable; exact legend name)")
-    ap.add_argument("--tracking-uri", default=None, metavar="URI",
-                    help="MLflow store (default: the base config's logging.tracking_uri, sqlite:///mlflow.db)")
-    ap.add_argument("--runs-dir", default="runs", metavar="DIR", help="checkpoints and run files go under DIR/NAME/ (default: runs)")
-    ap.add_argument("--threads", type=int, default=None, metavar="N", help=f"torch threads per run (default: CPU cores / workers, at most {DEFAULT_MAX_THREADS}: "
-                         "small models gain little from threads, use --workers for more cores)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bars (one line per finished run, with elapsed time and ETA, is still printed)")
+    ap.add_argument("--tracking-uri", metavar="URI", help="MLflow store (default: the base's logging.tracking_uri)")
+    ap.add_argument("--runs-dir", default="runs", metavar="DIR", help="run folders under DIR/NAME/ (default: runs)")
+    ap.add_argument("--no-progress", action="store_true", help="no bars; a line per finished run (elapsed, ETA) stays")
+    ap.add_argument("--threads", type=int, metavar="N", help=f"torch threads per run (default {DEFAULT_THREADS})")
     ex = ap.add_argument_group("where runs execute")
     ex.add_argument("--executor", choices=EXECUTORS, default="local",
-                    help="local: each run in its own process on this machine; slurm: each run a Slurm job (submitit); "
-                         "submitit-local: the slurm path on this machine without Slurm (default: local)")
-    ex.add_argument("--nproc", type=int, default=None, metavar="N",
-                    help="ranks per run, started with torchrun/deepspeed (default: every visible GPU for a CUDA "
-                         "DeepSpeed config, e.g. --scale paper; else 1 = in the worker's own process)")
-    ex.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun", help="multi-rank launcher (default: torchrun)")
-    ex.add_argument("--slurm-partition", default=None, metavar="NAME", help="Slurm partition (--executor slurm)")
-    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per run job (default: 1440)")
-    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per run job (default: 0)")
-    ex.add_argument("--slurm-cpus", type=int, default=None, metavar="N", help="CPUs per run job (default: --threads)")
+                    help="local: a process per run; slurm: a Slurm job per run (submitit); submitit-local: that "
+                         "path without Slurm (default: local)")
+    ex.add_argument("--nproc", type=int, metavar="N", help="ranks per run, via torchrun/deepspeed (default: every "
+                    "visible GPU for a CUDA DeepSpeed config, else 1 = the worker's own process)")
+    ex.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="multi-rank launcher (default: torchrun)")
+    ex.add_argument("--slurm-partition", metavar="NAME", help="Slurm partition (--executor slurm)")
+    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per job (def. 1440)")
+    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per job (default: 0)")
+    ex.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job (default: --threads)")
+
+
+def load_grid(args: argparse.Namespace, name: str) -> Registry:
+    """The registry `name` (a path or a name under ablations/) with the options of add_grid_args;
+    raises ConfigError or UnknownAblation."""
+    return load_registry(find_ablation(name), scale=args.scale, seeds=parse_seeds(args.seeds) if args.seeds else None,
+                         overrides=parse_overrides([x for group in args.overrides for x in group]),
+                         only=args.variants or None)
+
+
+def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
+    """Preflight, then the grid with the options of add_grid_args, its summary printed; or the exit
+    code when it cannot run (2: not runnable on this machine, 3: another runner holds the grid)."""
+    problems = preflight(reg)
+    if problems:
+        print("error: " + "\n".join(problems), file=sys.stderr)
+        return 2
+    cluster = {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
+               "cpus_per_task": args.slurm_cpus or args.threads or DEFAULT_THREADS, "name": f"ablate-{reg.name}",
+               **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
+    try:
+        result = run_ablation(reg, workers=args.workers, tracking_uri=args.tracking_uri, runs_dir=args.runs_dir,
+                              threads=args.threads, progress=False if args.no_progress else None,
+                              executor_kind=args.executor, nproc=args.nproc, launcher=args.launcher, cluster=cluster)
+    except GridBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    print_summary(result)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.ablate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run an ablation grid (one registry YAML = one paper figure) as MLflow child runs; "
+                    "rerunning resumes it.",
+        epilog="examples:\n" + "\n".join(f"  {line.strip()}" for line in (__doc__ or "").splitlines()[2:7])
+        + "\n\nRegistry format: docs/CONTRACTS.md. Config keys for --set: `python -m harness.train --help`.",
+    )
+    ap.add_argument("file", nargs="?", help="registry YAML (ablations/NAME.yaml) or just NAME")
+    ap.add_argument("--list", action="store_true", help="list every registry file, its runs and estimated CPU minutes")
+    ap.add_argument("--dry-run", action="store_true", help="print the expanded runs, check every config; train nothing")
+    add_grid_args(ap, workers=1)
     return ap
 
 
-def list_registry(ablations_dir: Path | None = None) -> int:
-    rows = []
-    bad = 0
-    for p in registry_files(ablations_dir):
+def list_registry() -> int:
+    head = ("file", "fig", "kind", "variants", "seeds", "steps", "est. CPU min", "variant names")
+    rows = [head]
+    for p in registry_files():
         try:
             reg = load_registry(p)
         except ConfigError as e:
-            rows.append((p.name, "?", "?", "?", "?", "?", "?", f"INVALID: {e.problems[0]} (run --dry-run on it for all problems)"))
-            bad += 1
+            rows.append((p.name, *["?"] * 6, f"INVALID: {e.problems[0]} (run --dry-run on it for all problems)"))
             continue
-        steps = reg.steps if reg.kind == "train" else "-"
-        rows.append((p.name, reg.figure, reg.kind, str(len(reg.variants)), f"{len(reg.seeds)}", str(steps),
-                     f"{estimate_cpu_minutes(reg):.0f}", "; ".join(v.name for v in reg.variants)))
-    head = ("file", "fig", "kind", "variants", "seeds", "steps", "est. CPU min", "variant names")
-    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head) - 1)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  " + head[-1])
+        rows.append((p.name, reg.figure, reg.kind, len(reg.variants), len(reg.seeds),
+                     reg.common.ppo.steps if reg.kind == "train" else "-", f"{estimate_cpu_minutes(reg):.0f}",
+                     "; ".join(reg.variant_names)))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head) - 1)]
     for r in rows:
         print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)) + "  " + str(r[-1]))
     print(f"\nest. CPU min = single-thread minutes for the whole grid at the default (world) scale: "
           f"steps x variants x seeds x {STEP_COST_S} s/step (+ evals, + {RUN_OVERHEAD_S:.0f} s per run); "
           f"divide by the cores you give it.")
-    return 1 if bad else 0
+    return 1 if any(r[1] == "?" for r in rows) else 0
 
 
 def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
-    runs, note = unique_runs(reg)
     print(f"{reg.path}: {reg.name!r} (Fig. {reg.figure}, kind {reg.kind}, scale {reg.scale}) — {reg.title}")
     print(f"base: {reg.base}")
     print(f"every run: {fmt_changes(reg.common_changes)}")
-    print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels) or '(analysis defaults)'}")
-    print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {Path(runs_dir) / reg.name}/")
-    on_gpu = any(r.cfg.device != "cpu" for r in runs if hasattr(r.cfg, "device"))
-    cost = ("GPU runs (no CPU-minute estimate)" if on_gpu else
-            f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes")
-    print(f"{len(runs)} runs ({len(reg.variants)} variants x {len(set(reg.seeds))} seeds), {cost}:")
-    w = max(len(r.variant) for r in runs)
-    for r in runs:
+    print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels)}")
+    print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {runs_dir / reg.name}/")
+    on_gpu = any(getattr(r.cfg, "device", "cpu") != "cpu" for r in reg.runs)
+    cost = f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes"
+    cost = "GPU runs (no CPU-minute estimate)" if on_gpu else cost
+    print(f"{len(reg.runs)} runs ({len(reg.variants)} variants x {len(reg.seeds)} seeds), {cost}:")
+    w = max(len(r.variant) for r in reg.runs)
+    for r in reg.runs:
         print(f"  {r.variant:<{w}}  seed {r.seed}  {r.run_name:<32} hash {r.config_hash}  {fmt_changes(r.changed)}")
-    for line in reg.warnings + ([note] if note else []):
+    for line in reg.warnings:
         print(f"warning: {line}")
     print("all configs valid (dry run: nothing trained)")
 
 
 def preflight(reg: Registry) -> list[str]:
-    """Problems that would fail runs after they start (world, data, model paths, vocabularies),
-    found before any run exists: harness.models.preflight on each distinct set of inputs."""
+    """Problems that would fail runs after they start (world, data, model paths, vocabularies,
+    hardware), found before any run exists: on each distinct set of model and data inputs."""
     if reg.kind != "train":
         return []
     from .models import preflight as check_inputs
@@ -757,62 +620,38 @@ def preflight(reg: Registry) -> list[str]:
     problems: dict[str, None] = {}
     seen = set()
     for r in reg.runs:
-        c = r.cfg
-        key = (json.dumps(to_dict(c.model), sort_keys=True), json.dumps(to_dict(c.data), sort_keys=True))
-        if key in seen:
-            continue
-        seen.add(key)
-        for p in check_hardware(c) + check_inputs(c):
-            problems[f"{r.variant}: {p}" if len(reg.variants) > 1 else p] = None
+        key = json.dumps([to_dict(r.cfg.model), to_dict(r.cfg.data)], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            problems |= {f"{r.variant}: {p}" if len(reg.variants) > 1 else p: None
+                         for p in check_hardware(r.cfg) + check_inputs(r.cfg)}
     if any("no built world" in p for p in problems):
         problems["or run the whole main job (world + ablation + figures + report): python -m harness.main"] = None
     return list(problems)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     if args.list:
         return list_registry()
     if not args.file:
-        build_parser().print_usage(sys.stderr)
-        print("error: give a registry file (e.g. ablations/score_reparam.yaml) or --list", file=sys.stderr)
-        return 2
+        ap.error("give a registry file (e.g. ablations/score_reparam.yaml) or --list")
     if args.workers < 0:
-        print("error: --workers must be 0 (in this process) or more", file=sys.stderr)
-        return 2
+        ap.error("--workers must be 0 (in this process) or more")
     try:
-        overrides = parse_overrides([x for group in args.overrides for x in group])
-        seeds = parse_seeds(args.seeds) if args.seeds else None
-        reg = load_registry(resolve_registry_path(args.file), scale=args.scale, seeds=seeds,
-                            overrides=overrides, only=args.variants or None)
-    except ConfigError as e:
+        reg = load_grid(args, args.file)
+    except (ConfigError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    uri = args.tracking_uri or _default_tracking_uri(reg)
-    problems = preflight(reg)
     if args.dry_run:
-        print_dry_run(reg, uri, Path(args.runs_dir))
+        print_dry_run(reg, args.tracking_uri or default_tracking_uri(reg), Path(args.runs_dir))
+        problems = preflight(reg)
         if problems:
             print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems))
         return 0
-    for line in reg.warnings:
-        print(f"warning: {line}", file=sys.stderr)
-    if problems:
-        print("error: " + "\n".join(problems), file=sys.stderr)
-        return 2
-    cluster = {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
-               "cpus_per_task": args.slurm_cpus or args.threads or 1, "name": f"ablate-{reg.name}",
-               **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
-    try:
-        result = run_ablation(reg, workers=args.workers, tracking_uri=uri, runs_dir=args.runs_dir, threads=args.threads,
-                              progress=False if args.no_progress else None, executor_kind=args.executor, nproc=args.nproc,
-                              launcher=args.launcher, cluster=cluster)
-    except GridBusy as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    print_summary(result)
-    return result.exit_code
-
+    result = run_grid(reg, args)
+    return result if isinstance(result, int) else result.exit_code
 
 if __name__ == "__main__":
     sys.exit(main())

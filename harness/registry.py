@@ -1,25 +1,11 @@
-"""The ablation registry: one YAML per paper figure under `ablations/`, read by one loader.
+"""The ablation registry: one YAML per paper figure under `ablations/`, read by one loader (the
+file's format, and the order in which its settings apply: docs/CONTRACTS.md).
 
-A figure file holds everything about the figure: its grid (a base config, overrides shared by
-every run in `set`, the seeds, named `variants` each optionally `inherit`ing an earlier one and/or
-a product over `grid.axes`), other scales in `profiles` (`--scale paper`), the `panels` to draw,
-the `claims` to check (each the paper's, with its section, or `source: ours`), settings the paper
-does not state (`inferred`) and the figure's place in the combined report (`order`).
+    reg = load_registry("ablations/score_reparam.yaml")  # one RunSpec per variant x seed, validated
+    spec = load_registry(path, resolve=False)             # figures/reports: no train config built
 
-    reg = load_registry("ablations/score_reparam.yaml")
-    for run in reg.runs:          # one RunSpec per variant x seed, config resolved and validated
-        print(run.variant, run.seed, run.config_hash, run.changed)
-    spec = load_registry(path, resolve=False)   # figures/reports: no train config resolved
-
-The file's shape goes through harness.schema (unknown keys, bad values, a claim naming a variant
-the grid lacks: each a line naming file, field, value and the closest valid name). With
-`resolve=True` (the runner) every variant x seed config also goes through
-`harness.config.from_dict` (or the world's validator for `kind: world`); analysis reads with
-`resolve=False`, so an old store still draws after the trainer's config has moved on.
-
-Order in which settings apply (later wins):
-  base file -> profile overlay file -> `set` -> profile `set` -> variant (`inherit` chain, then its
-  own `set`, or its grid point) -> profile `variant_set[variant]` -> command-line `--set` -> seed.
+The file's shape goes through harness.schema; with `resolve=True` (the runner) every variant x
+seed config is validated too (harness.config, or the world's validator for `kind: world`).
 """
 from __future__ import annotations
 
@@ -28,14 +14,13 @@ import itertools
 import re
 import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import AfterValidator, Field
 
 from . import keys as K
-from . import schema
-from .config import ConfigError, TrainConfig, config_hash, flatten, from_dict, merge, to_dict
-from .schema import closest, did_you_mean, read_yaml, section, validate
+from .config import TrainConfig, config_hash, flatten, from_dict
+from .schema import ConfigError, closest, did_you_mean, leaf_keys, merge, read_yaml, section, to_dict, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS_DIR = REPO_ROOT / "ablations"
@@ -54,8 +39,7 @@ KNOWN_METRICS = tuple(
 
 
 class RegistryError(ConfigError):
-    """A registry file that cannot be expanded; lists every problem found, one per line.
-    (A harness.config.ConfigError, which is harness.schema's once config moves onto schema.)"""
+    """A registry file that cannot be expanded; lists every problem found, one per line."""
 
     def __str__(self) -> str:
         return "invalid ablation registry:\n  - " + "\n  - ".join(self.problems)
@@ -65,10 +49,8 @@ class UnknownAblation(LookupError):
     """An ablation name or path the registry does not hold; the message names the closest one."""
 
 
-# --------------------------------------------------------------------------------------------
-# The file's schema
-# --------------------------------------------------------------------------------------------
-def _one_of(options: tuple[str, ...], what: str):
+# -- The file's schema -----------------------------------------------------------------------------
+def _one_of(options: tuple[str, ...], what: str) -> AfterValidator:
     def check(value: str) -> str:
         if value not in options:
             raise ValueError(f"not {what}" + did_you_mean(value, options))
@@ -79,8 +61,7 @@ def _one_of(options: tuple[str, ...], what: str):
 MetricKey = Annotated[str, _one_of(KNOWN_METRICS, "a metric key of harness/keys.py")]
 Panel = Annotated[str, _one_of(KNOWN_METRICS + SPECIAL_PANELS, "a metric key (harness/keys.py) or a special panel")]
 Stat = Literal["final", "initial", "rise", "peak", "mean", "volatility", "min"]
-"""How one run's curve becomes one number (harness.summary.reduce_run): final = mean of the last
-10% of steps, rise = final - initial, volatility = mean |step-to-step change|."""
+"""How one run's curve becomes one number (harness.summary.reduce_run)."""
 
 
 @section
@@ -118,63 +99,54 @@ class Profile:
 
 
 @section
-class Compare:
-    """`stat` of `metric` is lower for variant `lower` than for variant `higher`."""
+class OnMetric:
+    """A rule about `stat` of `metric` (the rules' `kind` picks the class, see RULES)."""
 
     metric: MetricKey
     """What is compared."""
+    _: dataclasses.KW_ONLY
+    stat: Stat = "final"
+    """How each run's curve becomes one number."""
+
+
+@section
+class Compare(OnMetric):
+    """`stat` of `metric` is lower for variant `lower` than for variant `higher`."""
+
     lower: str
     """The variant claimed lower."""
     higher: str
     """The variant claimed higher."""
-    stat: Stat = "final"
-    """How each run's curve becomes one number."""
-    kind: Literal["compare"] = "compare"
 
 
 @section
-class Similar:
+class Similar(OnMetric):
     """`stat` of `metric` does not tell the `variants` apart (every pair within the seed spread)."""
 
-    metric: MetricKey
-    """What is compared."""
     variants: Annotated[list[str], Field(min_length=2)]
     """The variants claimed alike."""
-    stat: Stat = "final"
-    """How each run's curve becomes one number."""
-    kind: Literal["similar"] = "similar"
 
 
 @section
-class Trend:
+class Trend(OnMetric):
     """`stat` of `metric` moves in `direction` as the config key `axis` grows across variants."""
 
-    metric: MetricKey
-    """What moves."""
     axis: str
     """A config key the variants set to numbers (e.g. ppo.kl_coef)."""
     direction: Literal["increasing", "decreasing"]
     """The claimed direction."""
-    stat: Stat = "final"
-    """How each run's curve becomes one number."""
-    kind: Literal["trend"] = "trend"
 
 
 @section
-class Threshold:
+class Threshold(OnMetric):
     """`stat` of `metric` is above (op ">") or below ("<") `value`, for `variant` (null: every variant)."""
 
-    metric: MetricKey
-    """What is compared."""
     op: Literal[">", "<"]
     """Above or below."""
     value: float
     """The threshold."""
-    stat: Stat = "final"
-    """How each run's curve becomes one number."""
     variant: str | None = None
     """The variant (null: every variant with runs)."""
-    kind: Literal["threshold"] = "threshold"
 
 
 @section
@@ -185,14 +157,11 @@ class Collapses:
     """The variant."""
     expected: bool = True
     """Whether the claim is that it collapses."""
-    kind: Literal["collapses"] = "collapses"
 
 
 @section
 class PairsAboveChance:
     """Each reward model orders more than half of the held-out pairs as the labeler did (Fig. 2)."""
-
-    kind: Literal["pairs_above_chance"] = "pairs_above_chance"
 
 
 @section
@@ -201,23 +170,31 @@ class EvalScoresShift:
 
     what: Literal["mean", "sd"] = "mean"
     """Which moment grows."""
-    kind: Literal["eval_scores_shift"] = "eval_scores_shift"
 
 
-RULES: dict[str, type] = {c.__name__.lower(): c for c in (Compare, Similar, Trend, Threshold, Collapses)}
-RULES |= {"pairs_above_chance": PairsAboveChance, "eval_scores_shift": EvalScoresShift}
+RULES: dict[str, type] = {
+    re.sub(r"(?<!^)(?=[A-Z])", "_", c.__name__).lower(): c  # PairsAboveChance -> pairs_above_chance
+    for c in (Compare, Similar, Trend, Threshold, Collapses, PairsAboveChance, EvalScoresShift)
+}
+"""Rule `kind` -> its section."""
 
 
 @section
-class ClaimEntry:
+class Claim:
     statement: Annotated[str, Field(min_length=1)]
     """The claim in words (the paper's, paraphrased, for `source: paper`)."""
     source: Literal["paper", "ours"]
     """paper: the paper states it (give its `section`); ours: our own extra check."""
-    rule: dict[str, Any]
-    """How the verdict is reached: `kind` (one of RULES) and that rule's parameters."""
+    rule: Any
+    """How the verdict is reached: in the file a mapping of `kind` (one of RULES) and that rule's
+    parameters; once loaded, that RULES section."""
     section: str | None = None
     """The paper's section, e.g. "5.3.1" (required for source: paper)."""
+
+    @property
+    def cited(self) -> str:
+        """'paper 5.3.1' or 'ours'."""
+        return f"paper {self.section}" if self.source == "paper" else "ours"
 
 
 @section
@@ -245,38 +222,21 @@ class FigureFile:
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     """Seeds of every variant."""
     variants: list[VariantEntry] = Field(default_factory=list)
-    """Named variants."""
+    """Named variants (a bare string: a variant with no settings)."""
     grid: Grid | None = None
     """A product of axes (after the named variants)."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
     """Other scales, e.g. paper."""
-    claims: list[dict[str, Any]] = Field(default_factory=list)
-    """Claims checked against the runs (ClaimEntry each)."""
+    claims: list[Claim] = Field(default_factory=list)
+    """Claims checked against the runs."""
 
 
-# --------------------------------------------------------------------------------------------
-# The loaded registry
-# --------------------------------------------------------------------------------------------
+# -- The loaded registry ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class Variant:
     name: str
     settings: dict[str, Any]
     """Dotted config key -> value (inherit chain resolved, grid point included)."""
-
-
-@dataclasses.dataclass
-class Claim:
-    statement: str
-    source: str
-    """paper | ours"""
-    section: str | None
-    rule: Any
-    """One of the RULES sections."""
-
-    @property
-    def cited(self) -> str:
-        """'paper 5.3.1' or 'ours'."""
-        return f"paper {self.section}" if self.source == "paper" else "ours"
 
 
 @dataclasses.dataclass
@@ -327,10 +287,6 @@ class Registry:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def steps(self) -> int:
-        return int(getattr(getattr(self.common, "ppo", None), "steps", 0) or 0)
-
-    @property
     def variant_names(self) -> list[str]:
         return [v.name for v in self.variants]
 
@@ -339,9 +295,7 @@ class Registry:
         return self.kind == "sweep"
 
 
-# --------------------------------------------------------------------------------------------
-# Names
-# --------------------------------------------------------------------------------------------
+# -- Names -----------------------------------------------------------------------------------------
 _GREEK = {"δ": "delta", "η": "eta", "λ": "lambda", "ε": "eps", "β": "beta"}
 
 
@@ -355,7 +309,8 @@ def slug(name: str) -> str:
 
 
 def format_axis_value(v: Any) -> str:
-    """How a grid axis value appears in a variant name (the join key between runs and figures)."""
+    """How a value appears in a variant name (the join key between runs and figures) and in
+    printed settings: true/false/null as YAML writes them."""
     if isinstance(v, bool):
         return "true" if v else "false"
     return "null" if v is None else str(v)
@@ -365,13 +320,9 @@ def parse_seeds(text: str) -> list[int]:
     """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds)."""
     out: list[int] = []
     try:
-        for part in str(text).split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out += list(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
+        for part in filter(None, (p.strip() for p in str(text).split(","))):
+            a, _, b = part.partition("-")
+            out += range(int(a), int(b or a) + 1)
     except ValueError:
         raise RegistryError([f"--seeds {text!r}: expected integers like 0,1,2 or a range like 0-4"]) from None
     if not out:
@@ -379,30 +330,15 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Config keys and values
-# --------------------------------------------------------------------------------------------
-def _world_module():
-    from .world import config as world_config
+# -- Config keys and values ------------------------------------------------------------------------
+def config_kind(kind: str) -> tuple[type, Callable[[dict[str, Any]], Any], Callable[[Any], str]]:
+    """(config class, validator, hash) of a grid's runs: harness.config's for train runs, the
+    world's (its cache key as the hash; imported here, as it imports torch) for kind world."""
+    if kind == "train":
+        return TrainConfig, from_dict, config_hash
+    from .world.config import WorldConfig, world_config_from_dict, world_config_hash
 
-    return world_config
-
-
-def validate_config(data: dict[str, Any], cls: type) -> Any:
-    """from_dict for TrainConfig; the world's own validator (with its cross-checks) for WorldConfig."""
-    if cls is TrainConfig:
-        return from_dict(data, cls)
-    return _world_module().world_config_from_dict(data)
-
-
-def run_config_hash(cfg: Any) -> str:
-    """harness.config_hash for train runs; the world's cache key for world runs."""
-    return config_hash(cfg) if isinstance(cfg, TrainConfig) else _world_module().world_config_hash(cfg)
-
-
-def with_runner_settings(cfg: Any, settings: dict[str, Any]) -> Any:
-    """cfg with dotted `settings` applied, validated again (the runner's logging fields)."""
-    return validate_config(merge(to_dict(cfg), settings), type(cfg))
+    return WorldConfig, world_config_from_dict, world_config_hash
 
 
 def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, problems: list[str]) -> dict[str, Any]:
@@ -426,33 +362,33 @@ def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, pr
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
-def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> Path | None:
-    """A path relative to the registry file's folder, else to the repo's ablations/ (so a
-    registry written elsewhere, a test's tmp dir, can still say `base: bases/vanilla.yaml`)."""
+# -- Loading ---------------------------------------------------------------------------------------
+def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> dict[str, Any]:
+    """The YAML at `ref`, relative to the registry file's folder, else to the repo's ablations/ (so
+    a registry written elsewhere, a test's tmp dir, can still say `base: bases/vanilla.yaml`)."""
     if not ref:
-        return None
+        return {}
     p = Path(ref).expanduser()
     candidates = [p] if p.is_absolute() else [reg_path.parent / p, ABLATIONS_DIR / p]
-    for c in candidates:
-        if c.is_file():
-            return c
+    for c in filter(Path.is_file, candidates):
+        try:
+            return read_yaml(c)
+        except ConfigError as e:
+            problems += [f"{what}: {x}" for x in e.problems]
+            return {}
     problems.append(f"{what}: {ref!r}: file not found (looked in {', '.join(str(c.parent) for c in candidates)})")
-    return None
+    return {}
 
 
 def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, problems: list[str]) -> list[Variant]:
     by_name: dict[str, Variant] = {}
     for i, item in enumerate(fs.variants):
         settings: dict[str, Any] = {}
-        if item.inherit is not None:
-            if item.inherit in by_name:
-                settings.update(by_name[item.inherit].settings)
-            else:
-                problems.append(f"{where}variants.{i}.inherit: got {item.inherit!r}; no variant of that name above "
-                                f"this one" + (did_you_mean(item.inherit, list(by_name)) if by_name else ""))
+        if item.inherit in by_name:
+            settings.update(by_name[item.inherit].settings)
+        elif item.inherit is not None:
+            problems.append(f"{where}variants.{i}.inherit: got {item.inherit!r}; no variant of that name above "
+                            f"this one" + (did_you_mean(item.inherit, by_name) if by_name else ""))
         settings.update(flat_settings(item.set, leaves, f"{where}variant {item.name!r}: set", problems))
         if item.name in by_name:
             problems.append(f"{where}variants.{i}.name: {item.name!r} is listed twice; variant names must be distinct")
@@ -465,7 +401,7 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
         for field_name in re.findall(r"\{([^{}]+)\}", template):
             if field_name not in axes:
                 problems.append(f"{where}grid.name: {{{field_name}}} is not an axis"
-                                + (did_you_mean(field_name, list(axes)) if axes else ""))
+                                + (did_you_mean(field_name, axes) if axes else ""))
         for point in itertools.product(*axes.values()):
             values = dict(zip(axes, point))
             name = re.sub(r"\{([^{}]+)\}", lambda m: format_axis_value(values.get(m.group(1), m.group(0))), template)
@@ -475,50 +411,42 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
     seen: dict[str, str] = {}
     for v in variants:
         s = slug(v.name)
-        if s in seen and seen[s] != v.name:
-            problems.append(f"{where}variant {v.name!r} has the same folder name as {seen[s]!r} ({s}); names must differ")
-        seen[s] = v.name
+        if seen.setdefault(s, v.name) != v.name:
+            problems.append(f"{where}variant {v.name!r} has the same folder name as {seen[s]!r} ({s}); "
+                            "names must differ")
     return variants
 
 
 def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list[str]) -> list[Claim]:
-    """Validate each claim and its rule (by kind); every variant a rule names must be in the grid."""
+    """Validate each claim's rule (by kind); every variant a rule names must be in the grid."""
     names = [v.name for v in variants]
     out = []
-    for i, raw in enumerate(fs.claims):
-        where = f"claims.{i}"
+    for i, entry in enumerate(fs.claims):
+        where = f"{source}: claims.{i}"
+        if entry.source == "paper" and not entry.section:
+            problems.append(f"{where}.section: missing; a paper claim names the paper's section, e.g. \"5.3.1\"")
+        params = dict(entry.rule) if isinstance(entry.rule, dict) else {}
+        kind = params.pop("kind", None)
+        if kind not in RULES:
+            hit = closest(kind, RULES)
+            problems.append(f"{where}.rule.kind: got {kind!r}; allowed: {', '.join(RULES)}"
+                            + (f" (did you mean {hit!r}?)" if hit else ""))
+            continue
         try:
-            entry = validate(ClaimEntry, raw, source, prefix=f"{where}.")
-            kind = entry.rule.get("kind")
-            if kind not in RULES:
-                hint = f" (did you mean {closest(kind, RULES)!r}?)" if closest(kind, RULES) else ""
-                raise schema.ConfigError([f"{source}: {where}.rule.kind: got {kind!r}; allowed: {', '.join(RULES)}{hint}"])
-            rule = validate(RULES[kind], entry.rule, source, prefix=f"{where}.rule.")
-        except schema.ConfigError as e:
+            rule = validate(RULES[kind], params, source, prefix=f"claims.{i}.rule.")
+        except ConfigError as e:
             problems += e.problems
             continue
-        if entry.source == "paper" and not entry.section:
-            problems.append(f"{source}: {where}.section: missing; a paper claim names the paper's section, e.g. \"5.3.1\"")
-        for attr in ("lower", "higher", "variant", "variants"):
-            value = getattr(rule, attr, None)
-            for j, v in enumerate(value if isinstance(value, list) else [value] if value is not None else []):
-                if v not in names:
-                    field = f"{attr}.{j}" if isinstance(value, list) else attr
-                    problems.append(f"{source}: {where}.rule.{field}: got {v!r}; not a variant of this grid"
-                                    + did_you_mean(v, names))
+        named = [(f"variants.{j}", v) for j, v in enumerate(getattr(rule, "variants", []))]
+        named += [(a, getattr(rule, a)) for a in ("lower", "higher", "variant") if getattr(rule, a, None) is not None]
+        problems += [f"{where}.rule.{field}: got {v!r}; not a variant of this grid" + did_you_mean(v, names)
+                     for field, v in named if v not in names]
         if isinstance(rule, Trend) and sum(rule.axis in v.settings for v in variants) < 2:
             varied = sorted({k for v in variants for k in v.settings})
-            problems.append(f"{source}: {where}.rule.axis: got {rule.axis!r}; fewer than two variants set it"
+            problems.append(f"{where}.rule.axis: got {rule.axis!r}; fewer than two variants set it"
                             + did_you_mean(rule.axis, varied))
-        out.append(Claim(entry.statement, entry.source, entry.section, rule))
+        out.append(dataclasses.replace(entry, rule=rule))
     return out
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return read_yaml(path, "ablation file")
-    except schema.ConfigError as e:
-        raise RegistryError(e.problems) from None
 
 
 def load_registry(
@@ -537,22 +465,20 @@ def load_registry(
     only: keep just these variant names. resolve=False: the file alone (no base, no train
     config): what figures and reports need; a sweep file then reads as kind "sweep".
     """
-    path = Path(path)
-    if not path.is_file():
-        known = ablation_names(path.parent) if path.parent.is_dir() else []
-        raise RegistryError([f"{path}: registry file not found" + (did_you_mean(path.stem, known) if known else "")])
-    raw = _read(path)
-    src = str(path)
-    if "search_space" in raw:
-        if resolve:
-            raise RegistryError([f"{src}: this is a sweep (it has search_space); run it with `python -m harness.sweep {path}`"])
-        return Registry(name=str(raw.get("name") or path.stem), title=str(raw.get("title") or path.stem), kind="sweep",
-                        path=path, description=str(raw.get("description") or ""), base=raw.get("base"))
-    if isinstance(raw.get("variants"), list):  # a bare string is a variant with no settings
-        raw["variants"] = [{"name": v} if isinstance(v, str) else v for v in raw["variants"]]
+    path, src = Path(path), str(path)
     try:
+        raw = read_yaml(path, "ablation file")
+        if "search_space" in raw:
+            if resolve:
+                raise RegistryError([f"{src}: this is a sweep (it has search_space); run it with "
+                                     f"`python -m harness.sweep {path}`"])
+            return Registry(name=str(raw.get("name") or path.stem), title=str(raw.get("title") or path.stem),
+                            kind="sweep", path=path, description=str(raw.get("description") or ""),
+                            base=raw.get("base"))
+        if isinstance(raw.get("variants"), list):  # a bare string is a variant with no settings
+            raw["variants"] = [{"name": v} if isinstance(v, str) else v for v in raw["variants"]]
         fs = validate(FigureFile, raw, src)
-    except schema.ConfigError as e:
+    except ConfigError as e:
         raise RegistryError(e.problems) from None
 
     where = f"{src}: "
@@ -562,122 +488,109 @@ def load_registry(
                         "(the name is the MLflow experiment and the report folder)")
     if len(set(fs.seeds)) != len(fs.seeds):
         problems.append(f"{where}seeds: got {fs.seeds}; a seed is listed twice")
-    cls = None if not resolve else _world_module().WorldConfig if fs.kind == "world" else TrainConfig
-    leaves = schema.leaf_keys(cls) if cls else None
+    leaves = leaf_keys(config_kind(fs.kind)[0]) if resolve else None
     variants = _expand_variants(fs, leaves, where, problems)
-    claims = _claims(fs, variants, src, problems)
     reg = Registry(
         name=fs.name, figure=fs.figure, title=fs.title or fs.name, kind=fs.kind, path=path, base=fs.base,
-        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels), claims=claims, order=fs.order,
-        inferred=list(fs.inferred), description=" ".join(fs.description.split()),
-        shared=flat_settings(fs.set, leaves, f"{where}set", problems), profiles=list(fs.profiles),
-        scale=scale or DEFAULT_SCALE,
+        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels),
+        claims=_claims(fs, variants, src, problems), order=fs.order, inferred=list(fs.inferred),
+        description=" ".join(fs.description.split()), shared=flat_settings(fs.set, leaves, f"{where}set", problems),
+        profiles=list(fs.profiles), scale=scale or DEFAULT_SCALE,
     )
-    if not resolve:
-        if problems:
-            raise RegistryError(problems)
-        return reg
-    _resolve_runs(reg, fs, cls, leaves, seeds, overrides or {}, only, problems)
+    if resolve:
+        _resolve_runs(reg, fs, leaves, bool(seeds), overrides or {}, only, problems)
+    if problems:
+        raise RegistryError(problems)
     return reg
 
 
-def _resolve_runs(reg: Registry, fs: FigureFile, cls: type, leaves: list[str], seeds: list[int] | None,
-                  overrides: dict[str, Any], only: list[str] | None, problems: list[str]) -> None:
+def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given: bool, overrides: dict[str, Any],
+                  only: list[str] | None, problems: list[str]) -> None:
     """Fill reg.runs (one validated config per variant x seed), reg.common and reg.warnings."""
-    path, where = reg.path, f"{reg.path}: "
-    profile = Profile()
-    if reg.scale != DEFAULT_SCALE:
-        if reg.scale not in fs.profiles:
-            problems.append(f"{where}--scale {reg.scale}: this file has no profiles.{reg.scale}; available scales: "
-                            + ", ".join([DEFAULT_SCALE, *fs.profiles]))
-        else:
-            profile = fs.profiles[reg.scale]
+    where, scale = f"{reg.path}: ", reg.scale
+    cls, validator, hasher = config_kind(fs.kind)
+    profile = fs.profiles.get(scale, Profile())
+    if scale != DEFAULT_SCALE and scale not in fs.profiles:
+        problems.append(f"{where}--scale {scale}: this file has no profiles.{scale}; available scales: "
+                        + ", ".join([DEFAULT_SCALE, *fs.profiles]))
     if fs.kind == "train" and fs.base is None:
         problems.append(f"{where}base: missing; name a train config, e.g. bases/vanilla.yaml")
-    base_data: dict[str, Any] = {}
-    overlay_data: dict[str, Any] = {}
-    for ref, what, target in ((fs.base, "base", base_data), (profile.overlay, f"profiles.{reg.scale}.overlay", overlay_data)):
-        p = _resolve_file(ref, path, f"{where}{what}", problems)
-        if p is not None:
-            try:
-                target.update(read_yaml(p))
-            except schema.ConfigError as e:
-                problems += [f"{where}{what}: {x}" for x in e.problems]
-    profile_set = flat_settings(profile.set, leaves, f"{where}profiles.{reg.scale}.set", problems)
+    base_data = _resolve_file(fs.base, reg.path, f"{where}base", problems)
+    overlay_data = _resolve_file(profile.overlay, reg.path, f"{where}profiles.{scale}.overlay", problems)
+    profile_set = flat_settings(profile.set, leaves, f"{where}profiles.{scale}.set", problems)
     cli_set = flat_settings(merge({}, overrides), leaves, "--set", problems)
     has_seed = "seed" in leaves
-    if not seeds and profile.seeds:
+    if not seeds_given and profile.seeds:
         reg.seeds = list(profile.seeds)
-    if fs.kind == "world" and not has_seed and len(reg.seeds) > 1:
+    if len(set(reg.seeds)) < len(reg.seeds):
+        reg.warnings.append(f"seeds {reg.seeds}: a seed listed more than once runs once")
+        reg.seeds = list(dict.fromkeys(reg.seeds))
+    if not has_seed and len(reg.seeds) > 1:
         problems.append(f"{where}seeds: {cls.__name__} has no seed field, so give one seed")
     names = reg.variant_names
     variant_sets = {}
     for vname, vset in profile.variant_set.items():
         if vname not in names:
-            problems.append(f"{where}profiles.{reg.scale}.variant_set: {vname!r} is not a variant" + did_you_mean(vname, names))
-        variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{reg.scale}.variant_set[{vname!r}]", problems)
-    for o in only or []:
-        if o not in names:
-            problems.append(f"--variant {o!r}: not in {path.name}" + did_you_mean(o, names))
-    if only:
-        reg.variants = [v for v in reg.variants if v.name in only]
+            problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant"
+                            + did_you_mean(vname, names))
+        variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{scale}.variant_set[{vname!r}]", problems)
+    problems += [f"--variant {o!r}: not in {reg.path.name}" + did_you_mean(o, names)
+                 for o in only or [] if o not in names]
+    reg.variants = [v for v in reg.variants if not only or v.name in only]
     if problems:
-        raise RegistryError(problems)
+        return
 
     # A --set on a key that the variants vary makes them identical: say so, loudly.
     varied = {k for v in reg.variants for k in v.settings}
     reg.warnings += [f"--set {k} overrides a setting the variants differ in; those variants now share {k}={x!r}"
                      for k, x in cli_set.items() if k in varied]
 
-    def checked(data: dict[str, Any], label: str) -> Any:
+    def resolved(layers: list[dict[str, Any]], label: str) -> Any:
+        data = base_data
+        for layer in layers:
+            data = merge(data, layer)
         try:
-            return validate_config(data, cls)
+            return validator(data)
         except ConfigError as e:
             problems.extend(f"{where}{label}: {p}" for p in e.problems)
             return None
 
-    def resolved(extra: list[dict[str, Any]], seed: int | None, label: str) -> Any:
-        data = merge(base_data, overlay_data)
-        for layer in [reg.shared, profile_set, *extra, cli_set]:
-            data = merge(data, layer)
-        return checked(merge(data, {"seed": seed}) if seed is not None and has_seed else data, label)
-
-    base_cfg = checked(base_data, f"base {fs.base}")
-    reg.common = resolved([], None, "common settings (base + set)")
-    common_flat = flatten(to_dict(reg.common)) if reg.common is not None else {}
+    base_cfg = resolved([], f"base {fs.base}")
+    reg.common = resolved([overlay_data, reg.shared, profile_set, cli_set], "common settings (base + set)")
+    if reg.common is None:
+        return
+    common_flat = flatten(to_dict(reg.common))
     for v in reg.variants:
         for seed in reg.seeds:
-            cfg = resolved([v.settings, variant_sets.get(v.name, {})], seed, f"variant {v.name!r} seed {seed}")
-            if cfg is not None and reg.common is not None:
-                changed = {k: x for k, x in flatten(to_dict(cfg)).items() if common_flat.get(k, object()) != x and k != "seed"}
-                reg.runs.append(RunSpec(v.name, seed, cfg, run_config_hash(cfg), changed))
-    if problems:
-        raise RegistryError(problems)
-    base_flat = flatten(to_dict(base_cfg))
-    reg.common_changes = {k: x for k, x in common_flat.items() if base_flat.get(k, object()) != x}
+            layers = [overlay_data, reg.shared, profile_set, v.settings, variant_sets.get(v.name, {}), cli_set]
+            cfg = resolved(layers + ([{"seed": seed}] if has_seed else []), f"variant {v.name!r} seed {seed}")
+            if cfg is not None:
+                flat = flatten(to_dict(cfg))
+                changed = {k: x for k, x in flat.items() if common_flat.get(k, object()) != x and k != "seed"}
+                reg.runs.append(RunSpec(v.name, seed, cfg, hasher(cfg), changed))
+    if base_cfg is not None:
+        base_flat = flatten(to_dict(base_cfg))
+        reg.common_changes = {k: x for k, x in common_flat.items() if base_flat.get(k, object()) != x}
 
     # Two variants that resolve to the same config would be one run logged twice: warn.
-    by_hash: dict[str, RunSpec] = {}
+    first: dict[str, str] = {}
     for r in reg.runs:
-        first = by_hash.setdefault(r.config_hash, r)
-        msg = f"variants {first.variant!r} and {r.variant!r} resolve to the same config (they would be one run logged twice)"
-        if first.variant != r.variant and msg not in reg.warnings:
+        other = first.setdefault(r.config_hash, r.variant)
+        msg = f"variants {other!r} and {r.variant!r} resolve to the same config (they would be one run logged twice)"
+        if other != r.variant and msg not in reg.warnings:
             reg.warnings.append(msg)
 
 
 def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False) -> list[Path]:
     """Every registry YAML directly under ablations/ (bases/ are not registries; sweep files
     only with sweeps=True)."""
-    root = Path(ablations_dir) if ablations_dir else ABLATIONS_DIR
-    out = []
-    for p in sorted(root.glob("*.y*ml")):
+    def is_sweep(p: Path) -> bool:
         try:
-            is_sweep = "search_space" in read_yaml(p)
-        except schema.ConfigError:
-            is_sweep = False  # load_registry says what is wrong with it
-        if sweeps or not is_sweep:
-            out.append(p)
-    return out
+            return "search_space" in read_yaml(p)
+        except ConfigError:
+            return False  # load_registry says what is wrong with it
+
+    return [p for p in sorted(Path(ablations_dir or ABLATIONS_DIR).glob("*.y*ml")) if sweeps or not is_sweep(p)]
 
 
 def ablation_names(ablations_dir: str | Path | None = None) -> list[str]:
@@ -694,10 +607,3 @@ def find_ablation(name_or_path: str | Path, ablations_dir: str | Path | None = N
     if p.suffix not in (".yaml", ".yml") and str(name_or_path) in known:
         return known[str(name_or_path)]
     raise UnknownAblation(f"unknown ablation {str(name_or_path)!r}" + did_you_mean(p.stem, sorted(known)))
-
-
-__all__ = [
-    "Registry", "RunSpec", "Variant", "Claim", "RegistryError", "UnknownAblation", "load_registry", "registry_files",
-    "ablation_names", "find_ablation", "parse_seeds", "slug", "format_axis_value", "validate_config",
-    "with_runner_settings", "ABLATIONS_DIR", "SPECIAL_PANELS", "KNOWN_METRICS", "RULES",
-]
