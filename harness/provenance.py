@@ -21,7 +21,8 @@ PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "mlflow", "optuna", 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
+    """Output of a git command in this checkout ('' outside one)."""
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=REPO).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -30,8 +31,8 @@ def _git(*args: str) -> str:
 
 def commit() -> str:
     """Short commit of the code, with ' (uncommitted changes)' when the tree is dirty."""
-    c = _git("rev-parse", "--short", "HEAD") or "unknown"
-    return c + (" (uncommitted changes)" if c != "unknown" and _git("status", "--porcelain", "--untracked-files=no") else "")
+    c = git("rev-parse", "--short", "HEAD") or "unknown"
+    return c + (" (uncommitted changes)" if c != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 @lru_cache(maxsize=1)

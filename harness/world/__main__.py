@@ -15,7 +15,8 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.world.config import world_help_text
+    from harness.schema import help_text
+    from harness.world.config import WorldConfig
 
     p = argparse.ArgumentParser(prog="python -m harness.world", description="The embedded offline RLHF world.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -24,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build the world deterministically from its config, or return at once when OUT "
                     "already holds a world built from the same config.",
-        epilog="config fields (set with --set key=value):\n" + world_help_text(),
+        epilog="config fields (set with --set key=value):\n" + help_text(WorldConfig),
     )
     b.add_argument("--config", help="YAML file of WorldConfig fields")
     b.add_argument("--out", default=DEFAULT_OUT, help=f"world folder (default {DEFAULT_OUT})")

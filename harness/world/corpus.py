@@ -66,8 +66,5 @@ def sft_response(rng: random.Random, spec: g.PromptSpec, task: TaskConfig) -> st
 
 def sft_pairs(rng: random.Random, prompts: list[g.PromptSpec], n: int, task: TaskConfig) -> list[tuple[str, str]]:
     """(prompt, response) SFT examples, prompts drawn uniformly from `prompts`."""
-    out = []
-    for _ in range(n):
-        spec = rng.choice(prompts)
-        out.append((spec.text, sft_response(rng, spec, task)))
-    return out
+    specs = (rng.choice(prompts) for _ in range(n))  # lazy: each draw right before its response's
+    return [(spec.text, sft_response(rng, spec, task)) for spec in specs]

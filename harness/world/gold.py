@@ -46,15 +46,9 @@ class GoldBreakdown:
 
 
 def _repeated_trigram_frac(toks: Sequence[str]) -> float:
+    """Fraction of word trigrams that repeat an earlier one."""
     grams = [tuple(toks[i : i + 3]) for i in range(len(toks) - 2)]
-    if not grams:
-        return 0.0
-    seen: set[tuple[str, ...]] = set()
-    repeats = 0
-    for g in grams:
-        repeats += g in seen
-        seen.add(g)
-    return repeats / len(grams)
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weights: GoldConfig | None = None) -> GoldBreakdown:

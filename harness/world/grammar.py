@@ -124,16 +124,14 @@ CLOSERS = tuple(t for t in TEMPLATES if all(not w[0].isupper() for w in t.patter
 # the first sentence, which the response must finish.
 HEADERS = ("review of the {a} :", "my review of the {a} :", "thoughts on the {a} :")
 PAIR_HEADER = "review of the {a} and the {b} :"
-OPENINGS = {"F": "the {a} was", "S": "the {a} was", "L": "the {a} was", "P": "the {a} was"}
+OPENING = "the {a} was"
 ORDER_OPENING = "i ordered the {a} and"
 
-PUNCT = (".", ":")
-EXTRA_WORDS = ("review", "of", "my", "thoughts", "on")  # words only prompts use
 
 
 def vocabulary() -> list[str]:
     """Every word the grammar and the prompts can produce, sorted."""
-    words = set(EXTRA_WORDS) | set(PUNCT)
+    words = {".", ":", "review", "of", "my", "thoughts", "on"}  # punctuation, words only prompts use
     for t in TEMPLATES:
         for w in t.pattern:
             cat = w.rstrip("?")
@@ -163,9 +161,7 @@ class Parse:
     subjects: tuple[str, ...]
 
 
-@lru_cache(maxsize=None)
-def _category_sets() -> dict[str, frozenset[str]]:
-    return {k: frozenset(v) for k, v in CATEGORIES.items()}
+_CATEGORY_SETS = {k: frozenset(v) for k, v in CATEGORIES.items()}
 
 
 def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int = 0, filled: tuple = ()) -> tuple | None:
@@ -175,7 +171,6 @@ def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int =
     slot = pattern[i]
     optional = slot.endswith("?")
     cat = slot.rstrip("?")
-    sets = _category_sets()
     if optional:
         skipped = _match(pattern, toks, i + 1, j, filled)
         if skipped is not None:
@@ -183,8 +178,8 @@ def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int =
     if j >= len(toks):
         return None
     tok = toks[j]
-    if cat in sets:
-        if tok not in sets[cat]:
+    if cat in _CATEGORY_SETS:
+        if tok not in _CATEGORY_SETS[cat]:
             return None
         return _match(pattern, toks, i + 1, j + 1, filled + ((cat, tok),))
     return _match(pattern, toks, i + 1, j + 1, filled) if tok == slot else None
@@ -195,14 +190,10 @@ def parse_sentence(sentence: tuple[str, ...]) -> Parse | None:
     """Parse one sentence (words including the final "."); None if it is not in the language."""
     for t in TEMPLATES:
         filled = _match(t.pattern, sentence)
-        if filled is None:
-            continue
-        pos = neg = 0
-        pols = [t.polarity] + [POLARITY[w] for c, w in filled if c in POLAR_CATEGORIES]
-        pos = sum(p > 0 for p in pols)
-        neg = sum(p < 0 for p in pols)
-        subjects = tuple(w for c, w in filled if c in SUBJECT_CATEGORIES)
-        return Parse(pos, neg, subjects)
+        if filled is not None:
+            pols = [t.polarity] + [POLARITY[w] for c, w in filled if c in POLAR_CATEGORIES]
+            subjects = tuple(w for c, w in filled if c in SUBJECT_CATEGORIES)
+            return Parse(sum(p > 0 for p in pols), sum(p < 0 for p in pols), subjects)
     return None
 
 
@@ -284,8 +275,7 @@ def all_prompts(rng: random.Random, n_pair_prompts: int) -> list[PromptSpec]:
     pairs = [(a, b) for a in FOODS for b in FOODS if a != b]
     for a, b in rng.sample(pairs, min(n_pair_prompts, len(pairs))):
         out.append(PromptSpec(PAIR_HEADER.format(a=a, b=b), (a, b), "pair"))
-    for cls in SUBJECT_CATEGORIES:
-        out += [PromptSpec(OPENINGS[cls].format(a=s), (s,), "opening") for s in CATEGORIES[cls]]
+    out += [PromptSpec(OPENING.format(a=s), (s,), "opening") for c in SUBJECT_CATEGORIES for s in CATEGORIES[c]]
     out += [PromptSpec(ORDER_OPENING.format(a=f), (f,), "order") for f in FOODS]
     return out
 
@@ -293,18 +283,12 @@ def all_prompts(rng: random.Random, n_pair_prompts: int) -> list[PromptSpec]:
 def prompt_body_prefix(prompt: str) -> list[str]:
     """The words of a prompt that belong to the review itself (after the last ':', if any)."""
     toks = words(prompt)
-    if ":" in toks:
-        return toks[len(toks) - toks[::-1].index(":"):]
-    return toks
+    return toks[len(toks) - toks[::-1].index(":"):] if ":" in toks else toks
 
 
 def prompt_subjects(prompt: str) -> tuple[str, ...]:
     """Subjects the prompt asks about, in order, without repeats."""
-    seen: list[str] = []
-    for w in words(prompt):
-        if w in SUBJECTS and w not in seen:
-            seen.append(w)
-    return tuple(seen)
+    return tuple(dict.fromkeys(w for w in words(prompt) if w in SUBJECTS))
 
 
 def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: int,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +20,6 @@ from harness.world import grammar
 from harness.world.config import GoldConfig, PreferenceConfig
 from harness.world.gold import gold_reward
 from harness.world.lm import sample
-from harness.world.tokenizer import decode, prompt_ids
 
 
 @dataclass
@@ -36,9 +35,6 @@ class Pair:
     gold_rejected: float
     p_chosen: float  # the judge's probability of this label
     corrupted: bool
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _pile_up(rng: random.Random, toks: list[str]) -> list[str]:
@@ -99,11 +95,11 @@ def make_pairs(
         n_normal = need - n_corrupt
         spare = max(4, n_normal // 10)
         chosen_prompts = [rng.choice(prompts) for _ in range(n_normal + spare + n_corrupt)]
-        ids = [prompt_ids(tok, p) for p in chosen_prompts for _ in (0, 1)]
+        ids = [tok(p)["input_ids"] for p in chosen_prompts for _ in (0, 1)]
         outs = sample(model, ids, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
                       eos_id=tok.eos_token_id, banned=[tok.pad_token_id, tok.unk_token_id],
                       generator=gen, desc=desc, progress=progress)
-        texts = [(decode(tok, r), ended) for r, ended in outs]
+        texts = [(tok.decode(r, skip_special_tokens=True), ended) for r, ended in outs]
         cands: list[tuple[str, str, bool, str, bool, bool]] = []
         for k, p in enumerate(chosen_prompts):
             (a, ea), (b, eb) = texts[2 * k], texts[2 * k + 1]
@@ -130,19 +126,9 @@ def make_pairs(
     return pairs[:n], {"skipped_identical": skipped_identical}
 
 
-def label_ceiling(pairs: list[Pair]) -> float:
-    """Accuracy of the gold order against the noisy labels (ties count half): the best accuracy
-    any reward model can reach on these labels."""
-    if not pairs:
-        return float("nan")
-    hits = [1.0 if p.gold_chosen > p.gold_rejected else 0.5 if p.gold_chosen == p.gold_rejected else 0.0 for p in pairs]
-    return sum(hits) / len(hits)
-
-
 def expected_label_ceiling(pairs: list[Pair]) -> float:
-    """The same ceiling in expectation over the judge's coin flips (less noisy than label_ceiling)."""
-    if not pairs:
-        return float("nan")
+    """Accuracy of the gold order against the labels (ties count half), in expectation over the
+    judge's coin flips: the best accuracy any reward model can expect on such labels."""
     vals = []
     for p in pairs:
         prob_gold_order = p.p_chosen if p.gold_chosen >= p.gold_rejected else 1 - p.p_chosen

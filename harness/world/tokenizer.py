@@ -7,7 +7,6 @@ token, which is EOS for ended responses.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -23,32 +22,15 @@ def train_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()  # words and punctuation, like grammar.words
     trainer = trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK], min_frequency=1, show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    return wrap(tok)
-
-
-def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
         # Keep "great ." as is: decode must give back the text the grammar reads.
         clean_up_tokenization_spaces=False, model_max_length=1_000_000,
     )
-    return fast
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
-
-
-def prompt_ids(tok: PreTrainedTokenizerFast, prompt: str) -> list[int]:
-    return tok(prompt)["input_ids"]
 
 
 def sample_ids(tok: PreTrainedTokenizerFast, prompt: str, response: str, ended: bool = True) -> tuple[list[int], int]:
     """Full sample ids in the trainer's format and the number of prompt tokens."""
-    p = prompt_ids(tok, prompt)
+    p = tok(prompt)["input_ids"]
     r = tok(response)["input_ids"] if response else []
     return p + r + ([tok.eos_token_id] if ended else []), len(p)
-
-
-def decode(tok: PreTrainedTokenizerFast, ids: list[int]) -> str:
-    return tok.decode(ids, skip_special_tokens=True)
