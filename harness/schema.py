@@ -1,20 +1,12 @@
-"""The one validation engine for every YAML file the project reads.
-
-Train configs, world configs, ablation (figure) files and sweep files are all described by typed
-sections: `@section`-decorated dataclasses (pydantic dataclasses, so `dataclasses.replace`,
-`dataclasses.fields` and `dataclasses.asdict` keep working) with a docstring under every field.
-This module reads the YAML (safe loader; duplicate keys, non-UTF-8 bytes and non-mapping tops are
-errors), validates it with pydantic, and turns pydantic's errors into one line per problem that
-names the file (or `--set`), the dotted field, the value and what is allowed, with one closest-key
-hint:
+"""The one validation engine for every YAML file the project reads (train, world, ablation and
+sweep files): `@section` classes are pydantic dataclasses (so `dataclasses.replace/fields/asdict`
+keep working) with a docstring under every field, from which `--help` is generated. The YAML is
+read safely (duplicate keys, non-UTF-8 bytes and non-mapping tops are errors) and pydantic's
+errors become one line per problem naming the file (or `--set`), the dotted field, the value and
+what is allowed, with one closest-key hint:
 
     config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
     --set: ppo.clip_eps: got 5; allowed: a number > 0 and <= 1 or null
-
-Why pydantic: it is the best-kept typed validator in the ecosystem (ranges through `Field(ge=...)`,
-Literal choices, nested sections, JSON schema), and its field docstrings
-(`use_attribute_docstrings`) keep the CleanRL style of a docstring under every field, from which
-`--help` is generated.
 """
 from __future__ import annotations
 
@@ -171,6 +163,12 @@ def base_type(tp: Any) -> tuple[bool, Any]:
     return opt, get_args(inner)[0] if get_origin(inner) is typing.Annotated else inner
 
 
+_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"), ("min_length", "at least {} long"),
+           ("max_length", "at most {} long"), ("pattern", "matching {}"))
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
+          list: "a list"}
+
+
 def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
     """Human words for what a field allows ('a number > 0 and <= 1 or null')."""
     opt, inner = _optional(tp)
@@ -181,50 +179,32 @@ def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
     metadata = [x for m in metadata for x in ([m, *m.metadata] if hasattr(m, "metadata") else [m])]
     bounds = []
     for m in metadata:
-        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        for attr, text in _BOUNDS:
             v = getattr(m, attr, None)
             if v is not None:
-                bounds.append(f"{sym} {v:g}" if isinstance(v, float) else f"{sym} {v}")
-        if getattr(m, "min_length", None):
-            bounds.append(f"at least {m.min_length} long")
-        if getattr(m, "max_length", None):
-            bounds.append(f"at most {m.max_length} long")
-        if getattr(m, "pattern", None):
-            bounds.append(f"matching {m.pattern}")
+                bounds.append(text.format(f"{v:g}" if isinstance(v, float) else v))
     if get_origin(inner) is Literal:
         s = "one of " + ", ".join(repr(a) for a in get_args(inner))
-    elif inner is bool:
-        s = "true or false"
-    elif inner in (int, float):
-        s = "an integer" if inner is int else "a number"
-    elif inner is str:
-        s = "a string"
-    elif get_origin(inner) is dict:
-        s = "a mapping"
-    elif get_origin(inner) is list:
-        s = "a list"
     elif dataclasses.is_dataclass(inner):
         s = "a section with keys " + ", ".join(_fields(inner))
     else:
-        s = getattr(inner, "__name__", str(inner))
+        s = _KINDS.get(get_origin(inner) or inner) or getattr(inner, "__name__", str(inner))
     if bounds:
         s += " " + " and ".join(bounds)
     return s + (" or null" if opt else "")
 
 
-def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
-    """Follow an error location through the sections: (dotted field, annotation, metadata, parent)."""
+def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list]:
+    """Follow an error location through the sections: (dotted field, annotation, metadata)."""
     names: list[str] = []
     tp: Any = cls
     meta: list = []
-    parent = cls
     for part in loc:
         _, inner = _optional(tp)
         if get_origin(inner) is typing.Annotated:
             inner = get_args(inner)[0]
         fields = _fields(inner)
         if isinstance(part, str) and part in fields:
-            parent = inner
             names.append(part)
             tp, meta = fields[part].annotation, list(fields[part].metadata)
         elif isinstance(part, (str, int)) and get_origin(inner) in (dict, list) or isinstance(part, int):
@@ -235,17 +215,16 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
             continue  # a union member's tag ('float', 'function-after[...]'): not a field
         else:
             names.append(str(part))
-    return ".".join(names), tp, meta, parent
+    return ".".join(names), tp, meta
 
 
 def _problem(cls: Any, err: dict, prefix: str) -> str:
     loc = tuple(err["loc"])
     if err["type"] in ("unexpected_keyword_argument", "extra_forbidden", "invalid_key"):  # invalid: not text
-        path, _, _, _ = _walk(cls, loc[:-1])
+        path, tp, _ = _walk(cls, loc[:-1])
         head = f"{prefix}{path}." if path else prefix
-        options = list(_fields(_walk(cls, loc[:-1])[1] if loc[:-1] else cls)) or []
-        return f"{head}{loc[-1]}: unknown key" + did_you_mean(loc[-1], options, head)
-    path, tp, meta, _ = _walk(cls, loc)
+        return f"{head}{loc[-1]}: unknown key" + did_you_mean(loc[-1], _fields(tp), head)
+    path, tp, meta = _walk(cls, loc)
     value = err.get("input")
     allowed = describe(tp, meta)
     name = f"{prefix}{path}" if path else (prefix.rstrip(".") or "config")
@@ -267,13 +246,7 @@ def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") 
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as e:
         head = f"{source}: " if source else ""
-        problems, seen = [], set()
-        for err in e.errors():
-            p = head + _problem(cls, err, prefix)
-            if p not in seen:
-                seen.add(p)
-                problems.append(p)
-        raise ConfigError(problems) from None
+        raise ConfigError(list(dict.fromkeys(head + _problem(cls, err, prefix) for err in e.errors()))) from None
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
