@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 ASSISTANT = "\n\nAssistant:"
-HUMAN = "\n\nHuman:"
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,6 @@ def split_dialogue(dialogue: str) -> tuple[str, str] | None:
     return dialogue[:cut], dialogue[cut:]
 
 
-def _first_difference(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
 def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
     """Parse one line of the file (1-based `line` for error reports)."""
     try:
@@ -127,21 +121,17 @@ def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
     if rejected is None:
         return Malformed(line, "no '\\n\\nAssistant:' turn in 'rejected'")
     if chosen[0] != rejected[0]:
-        at = _first_difference(chosen[0], rejected[0])
+        at = len(os.path.commonprefix([chosen[0], rejected[0]]))
         return Malformed(line, f"chosen and rejected prompts differ (first difference at character {at})")
     return HHExample(line, chosen[0], chosen[1], rejected[1])
-
-
-def _open(path: Path) -> IO[bytes]:
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == _GZIP_MAGIC  # trust the bytes, not the file name
-    return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
 def _lines(path: Path) -> Iterator[bytes]:
     n = 0
     try:
-        with _open(path) as fh:
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"  # the gzip magic: trust the bytes, not the file name
+        with gzip.open(path, "rb") if gz else open(path, "rb") as fh:
             for n, raw in enumerate(fh, start=1):
                 raw = raw.rstrip(b"\r\n")
                 # a UTF-8 byte-order mark belongs to the file, not to line 1's JSON
@@ -151,8 +141,8 @@ def _lines(path: Path) -> Iterator[bytes]:
                          "the file is truncated or corrupt - download it again") from None
 
 
-def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
-    """Read an HH-RLHF jsonl / jsonl.gz file; `limit` stops after that many lines."""
+def load_hh_rlhf(path: str | Path) -> HHData:
+    """Read an HH-RLHF jsonl / jsonl.gz file."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
@@ -160,14 +150,9 @@ def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
         raise ValueError(f"HH-RLHF file {str(p)!r}: the file is empty; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
     data = HHData(path=str(p), lines=0)
     for n, raw in enumerate(_lines(p), start=1):
-        if limit is not None and n > limit:
-            break
         data.lines = n
         item = parse_line(raw, n)
         (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore[arg-type]
     if not data.examples:
         raise ValueError(f"HH-RLHF file {str(p)!r}: no usable line (is it an HH-RLHF jsonl file?)\n{data.summary(max_listed=5)}")
     return data
-
-
-__all__ = ["HHExample", "Malformed", "HHData", "load_hh_rlhf", "parse_line", "split_dialogue", "ASSISTANT", "HUMAN"]
