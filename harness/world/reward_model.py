@@ -2,7 +2,7 @@
 on preference pairs with -log sigmoid(r_chosen - r_rejected) (paper Sec. 1)."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,11 +61,10 @@ def accuracy(diffs: Sequence[float]) -> float:
 
 def train_reward_model(
     rm: GPT2ForSequenceClassification, train: Encoded, evals: Encoded, cfg: RMTrainConfig,
-    *, seed: int, pad_id: int, progress: bool = True, on_log: Callable[[int, dict[str, float]], None] | None = None,
+    *, seed: int, pad_id: int, progress: bool = True,
 ) -> dict[str, list[float]]:
     """Bradley-Terry training. Every cfg.eval_every steps (and at step 0 and the end) records the
-    mean train loss/accuracy since the last record and the held-out accuracy, and calls on_log.
-    Returns the records: {"steps", "train_loss", "train_acc", "eval_acc"}, one entry per record."""
+    mean train loss/accuracy since the last record and the held-out accuracy. Returns the records: {"steps", "train_loss", "train_acc", "eval_acc"}, one entry per record."""
     hist: dict[str, list[float]] = {"steps": [], "train_loss": [], "train_acc": [], "eval_acc": []}
     losses: list[float] = []
     hits: list[float] = []
@@ -82,8 +81,6 @@ def train_reward_model(
             hist[k].append(v)
         losses.clear()
         hits.clear()
-        if on_log:
-            on_log(step, row)
 
     def loss_fn(idx: list[int]) -> torch.Tensor:
         ids, mask = pad_right([train[i][0] for i in idx] + [train[i][1] for i in idx], pad_id)
