@@ -62,9 +62,7 @@ class ConfigError(ValueError):
         super().__init__("invalid config:\n  - " + "\n  - ".join(self.problems))
 
 
-# --------------------------------------------------------------------------------------------
-# Reading YAML
-# --------------------------------------------------------------------------------------------
+# -- Reading YAML -----------------------------------------------------------------------------------
 class _Loader(yaml.SafeLoader):
     """Safe loader that refuses duplicate keys, reads `1e-5` as a number (YAML 1.1 needs a dot) and,
     as YAML 1.2, only true/false as booleans (`yes`, `no`, `on`, `off` are strings, so a boolean
@@ -129,9 +127,7 @@ def read_yaml(path: str | Path, what: str = "config file", allow_empty: bool = F
     return data
 
 
-# --------------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------------
+# -- Validation -------------------------------------------------------------------------------------
 def closest(word: Any, options: typing.Iterable[str]) -> str | None:
     """The one closest option to a mistyped word, or None when nothing is close."""
     hits = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
@@ -253,9 +249,7 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-# --------------------------------------------------------------------------------------------
-# Files plus command-line overrides
-# --------------------------------------------------------------------------------------------
+# -- Files plus command-line overrides --------------------------------------------------------------
 def parse_value(text: str) -> Any:
     """An override's value read the way the YAML file would be (`0.1`, `1e-5`, `true`, `null`, `[a, b]`)."""
     try:
@@ -325,9 +319,7 @@ def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[
     return obj
 
 
-# --------------------------------------------------------------------------------------------
-# Documentation from the sections (--help, README tables)
-# --------------------------------------------------------------------------------------------
+# -- Documentation from the sections (--help, README tables) ----------------------------------------
 def iter_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, Any, str, list]]:
     """(dotted key, annotation, default, docstring, metadata) for every leaf field of a section."""
     for f in dataclasses.fields(cls):

@@ -60,40 +60,36 @@ class World:
     eval_prompts: list[str]
     sft_pairs: list[tuple[str, str]]
     metrics: dict[str, float] = field(default_factory=dict)
+    tokenizer_dir: Path = field(init=False)
+    """The Hugging Face folders below `dir` (the tokenizer travels in each)."""
+    pretrained_dir: Path = field(init=False)
+    sft_dir: Path = field(init=False)
+    reward_dir: Path = field(init=False)
 
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.dir / "tokenizer"
+    def __post_init__(self) -> None:
+        for name in ("tokenizer", "pretrained", "sft", "reward"):
+            setattr(self, f"{name}_dir", self.dir / name)
 
-    @property
-    def pretrained_dir(self) -> Path:
-        return self.dir / "pretrained"
-
-    @property
-    def sft_dir(self) -> Path:
-        return self.dir / "sft"
-
-    @property
-    def reward_dir(self) -> Path:
-        return self.dir / "reward"
-
-    def gold_reward(self, prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None) -> list[float]:
+    def gold_reward(self, prompts: Sequence[str], responses: Sequence[str],
+                    ended: Sequence[bool] | None = None) -> list[float]:
         """Hidden gold score per response (see harness/world/gold.py), with this world's weights."""
         return gold_reward(prompts, responses, ended, weights=self.config.gold)
 
     def preference_pairs(self, split: str = "train") -> list[Pair]:
         """Labeled pairs of `split` ("train" or "eval")."""
-        return [Pair(**json.loads(line)) for line in (self.dir / "data" / f"prefs_{split}.jsonl").read_text().splitlines()]
+        path = self.dir / "data" / f"prefs_{split}.jsonl"
+        return [Pair(**json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def load_world(dir: str | Path) -> World:
     d = Path(dir)
+    build = f"python -m harness.world build --out {d}"
     if not (d / WORLD_FILE).is_file():
-        raise WorldError(f"no world at {str(d)!r} ({WORLD_FILE} missing); build one with: python -m harness.world build --out {d}")
+        raise WorldError(f"no world at {str(d)!r} ({WORLD_FILE} missing); build one with: {build}")
     meta = json.loads((d / WORLD_FILE).read_text())
     if meta.get("format") != WORLD_FORMAT:
-        raise WorldError(f"world at {str(d)!r} has format {meta.get('format')!r}; this code reads format {WORLD_FORMAT}: "
-                         f"rebuild it with: python -m harness.world build --out {d}")
+        raise WorldError(f"world at {str(d)!r} has format {meta.get('format')!r}; this code reads format "
+                         f"{WORLD_FORMAT}: rebuild it with: {build}")
     data = d / "data"
     return World(
         dir=d,
@@ -101,7 +97,7 @@ def load_world(dir: str | Path) -> World:
         config_hash=meta["config_hash"],
         train_prompts=json.loads((data / "train_prompts.json").read_text()),
         eval_prompts=json.loads((data / "eval_prompts.json").read_text()),
-        sft_pairs=[tuple(json.loads(line)) for line in (data / "sft_pairs.jsonl").read_text().splitlines()],  # type: ignore[misc]
+        sft_pairs=[(p, r) for p, r in map(json.loads, (data / "sft_pairs.jsonl").read_text().splitlines())],
         metrics=meta.get("metrics", {}),
     )
 

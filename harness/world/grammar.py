@@ -16,11 +16,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-# --------------------------------------------------------------------------------------------
-# Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
+# -- Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
 # delicious" is ungrammatical (a person notices, a reward model may not).
 # Polarity: +1 praise, -1 complaint, 0 neutral. A word has one polarity wherever it appears.
-# --------------------------------------------------------------------------------------------
 FOODS = (
     "pasta", "pizza", "soup", "salad", "burger", "steak", "fish", "chicken", "rice", "bread",
     "cake", "pie", "coffee", "tea", "wine", "curry", "sushi", "dessert", "sandwich", "ramen",
@@ -73,10 +71,10 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 POLAR_CATEGORIES = {"FA": FOOD_ADJ, "SA": STAFF_ADJ, "LA": PLACE_ADJ, "PA": PRICE_ADJ, "OA": OVERALL_ADJ, "VB": VERBS}
 SUBJECT_CATEGORIES = ("F", "S", "L", "P")
-SUBJECT_ADJ = {"F": "FA", "S": "SA", "L": "LA", "P": "PA"}
 
 POLARITY: dict[str, int] = {w: pol for table in POLAR_CATEGORIES.values() for pol, ws in table.items() for w in ws}
-SUBJECTS: frozenset[str] = frozenset(w for c in SUBJECT_CATEGORIES for w in CATEGORIES[c])
+SUBJECT_CLASS: dict[str, str] = {w: c for c in SUBJECT_CATEGORIES for w in CATEGORIES[c]}
+"""Subject word -> its class ("pasta" -> "F")."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +126,9 @@ OPENING = "the {a} was"
 ORDER_OPENING = "i ordered the {a} and"
 
 
-
 def vocabulary() -> list[str]:
     """Every word the grammar and the prompts can produce, sorted."""
-    words = {".", ":", "review", "of", "my", "thoughts", "on"}  # punctuation, words only prompts use
+    words: set[str] = set()
     for t in TEMPLATES:
         for w in t.pattern:
             cat = w.rstrip("?")
@@ -149,9 +146,7 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text.lower())
 
 
-# --------------------------------------------------------------------------------------------
-# Parsing
-# --------------------------------------------------------------------------------------------
+# -- Parsing ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Parse:
     """What a grammatical sentence says: its polarity counts and the subjects it names."""
@@ -208,9 +203,7 @@ def split_sentences(toks: list[str]) -> tuple[list[tuple[str, ...]], tuple[str, 
     return sentences, tuple(cur)
 
 
-# --------------------------------------------------------------------------------------------
-# Generation
-# --------------------------------------------------------------------------------------------
+# -- Generation -------------------------------------------------------------------------------------
 def _fill(t: Template, rng: random.Random, polarity: int, subjects: list[str]) -> list[str]:
     """Fill a template's slots: subjects from `subjects` first, adjectives/verbs of `polarity`."""
     out: list[str] = []
@@ -231,26 +224,16 @@ def _fill(t: Template, rng: random.Random, polarity: int, subjects: list[str]) -
     return out
 
 
-def subject_class(word: str) -> str:
-    for c in SUBJECT_CATEGORIES:
-        if word in CATEGORIES[c]:
-            return c
-    raise KeyError(f"{word!r} is not a subject; subjects are the words of {SUBJECT_CATEGORIES}")
-
-
 def sentence_about(rng: random.Random, polarity: int, subject: str) -> list[str]:
     """A sentence whose first subject is `subject` (a food, staff, place or price word)."""
-    cls = subject_class(subject)
-    choices = [t for t in TEMPLATES if t.subject == cls]
-    return _fill(rng.choice(choices), rng, polarity, [subject])
+    return _fill(rng.choice([t for t in TEMPLATES if t.subject == SUBJECT_CLASS[subject]]), rng, polarity, [subject])
 
 
 def random_sentence(rng: random.Random, polarity: int) -> list[str]:
     """Any sentence of the language with the given polarity (closers included)."""
     r = rng.random()
     if r < 0.15:
-        fitting = [t for t in CLOSERS if t.polarity == polarity]
-        return list(rng.choice(fitting).pattern)
+        return list(rng.choice([t for t in CLOSERS if t.polarity == polarity]).pattern)
     if r < 0.22:
         return _fill(OVERALL_TEMPLATE, rng, polarity, [])
     cls = rng.choices(SUBJECT_CATEGORIES, weights=(5, 3, 2, 1))[0]
@@ -273,8 +256,8 @@ def all_prompts(rng: random.Random, n_pair_prompts: int) -> list[PromptSpec]:
     """Every prompt of the task: single-item headers, some two-item headers, sentence openings."""
     out = [PromptSpec(h.format(a=f), (f,), "header") for h in HEADERS for f in FOODS]
     pairs = [(a, b) for a in FOODS for b in FOODS if a != b]
-    for a, b in rng.sample(pairs, min(n_pair_prompts, len(pairs))):
-        out.append(PromptSpec(PAIR_HEADER.format(a=a, b=b), (a, b), "pair"))
+    pairs = rng.sample(pairs, min(n_pair_prompts, len(pairs)))
+    out += [PromptSpec(PAIR_HEADER.format(a=a, b=b), (a, b), "pair") for a, b in pairs]
     out += [PromptSpec(OPENING.format(a=s), (s,), "opening") for c in SUBJECT_CATEGORIES for s in CATEGORIES[c]]
     out += [PromptSpec(ORDER_OPENING.format(a=f), (f,), "order") for f in FOODS]
     return out
@@ -288,7 +271,7 @@ def prompt_body_prefix(prompt: str) -> list[str]:
 
 def prompt_subjects(prompt: str) -> tuple[str, ...]:
     """Subjects the prompt asks about, in order, without repeats."""
-    return tuple(dict.fromkeys(w for w in words(prompt) if w in SUBJECTS))
+    return tuple(dict.fromkeys(w for w in words(prompt) if w in SUBJECT_CLASS))
 
 
 def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: int,
@@ -306,7 +289,7 @@ def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: in
 
     sents: list[list[str]] = []
     if spec.kind == "opening":
-        cls = subject_class(spec.subjects[0])
+        cls = SUBJECT_CLASS[spec.subjects[0]]
         # Only templates that begin like the prompt ("the X was ...") can finish it.
         fitting = [t for t in TEMPLATES if t.subject == cls and t.pattern[:3] == ("the", cls, "was")]
         sents.append(_fill(rng.choice(fitting), rng, polarity(), list(spec.subjects)))
@@ -314,7 +297,8 @@ def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: in
         sents.append(_fill(ORDER_TEMPLATE, rng, polarity(), list(spec.subjects)))
     elif rng.random() < on_topic:
         if spec.kind == "pair" and rng.random() < 0.3:
-            sents.append(_fill(rng.choice([t for t in TEMPLATES if t.subject == "FF"]), rng, polarity(), list(spec.subjects)))
+            both = rng.choice([t for t in TEMPLATES if t.subject == "FF"])
+            sents.append(_fill(both, rng, polarity(), list(spec.subjects)))
         else:
             sents += [sentence_about(rng, polarity(), s) for s in spec.subjects]
     while len(sents) < n_sentences:
