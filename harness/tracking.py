@@ -37,23 +37,16 @@ def redact(text: str) -> str:
     return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 
-def _init_sqlite_store(tracking_uri: str) -> None:
-    """Create/migrate a sqlite store under a file lock, once per process.
-
-    Two processes opening a brand-new sqlite store at once (parallel workers, two runs started
-    together) race in MLflow's schema migration and one of them dies; the lock serializes that.
-    """
-    if tracking_uri in _READY or not tracking_uri.startswith("sqlite:///"):
-        return
-    db = Path(tracking_uri[len("sqlite:///"):])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(db) + ".lock"):
-        MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
-    _READY.add(tracking_uri)
-
-
 def client(tracking_uri: str) -> MlflowClient:
-    _init_sqlite_store(tracking_uri)
+    """A client of the store. A sqlite store is created/migrated under a file lock, once per
+    process: two processes opening a brand-new sqlite store at once (parallel workers, two runs
+    started together) race in MLflow's schema migration and one of them dies."""
+    if tracking_uri.startswith("sqlite:///") and tracking_uri not in _READY:
+        db = Path(tracking_uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(db) + ".lock"):
+            MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+        _READY.add(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 
 
@@ -158,10 +151,12 @@ def log_json_artifact(tracking_uri: str, run_id: str, obj: Any, artifact_path: s
     def plain(o: Any) -> Any:
         return o.tolist() if hasattr(o, "tolist") else o.item() if hasattr(o, "item") else str(o)
 
-    log_text_artifact(tracking_uri, run_id, json.dumps(obj, indent=1, default=plain, ensure_ascii=False), artifact_path)
+    text = json.dumps(obj, indent=1, default=plain, ensure_ascii=False)
+    log_text_artifact(tracking_uri, run_id, text, artifact_path)
 
 
-def log_file_artifacts(tracking_uri: str, run_id: str, files: Iterable[str | Path], artifact_path: str | None = None) -> None:
+def log_file_artifacts(tracking_uri: str, run_id: str, files: Iterable[str | Path],
+                       artifact_path: str | None = None) -> None:
     c = client(tracking_uri)
     for f in files:
         c.log_artifact(run_id, str(f), artifact_path=artifact_path)
@@ -169,10 +164,7 @@ def log_file_artifacts(tracking_uri: str, run_id: str, files: Iterable[str | Pat
 
 def load_json_artifact(tracking_uri: str, run_id: str, artifact_path: str) -> Any:
     with tempfile.TemporaryDirectory() as d:
-        local = mlflow.artifacts.download_artifacts(
-            run_id=run_id, artifact_path=artifact_path, dst_path=d, tracking_uri=tracking_uri
-        )
-        return json.loads(Path(local).read_text())
+        return json.loads(Path(client(tracking_uri).download_artifacts(run_id, artifact_path, d)).read_text())
 
 
 def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,13 +22,8 @@ class PromptSource:
 
 def load_source(cfg: TrainConfig) -> PromptSource:
     if cfg.data.source == "world":
-        from ..world import load_world
+        from ..world import load_world  # its WorldError says how to build a missing world
 
-        if not Path(cfg.data.world_dir).exists():
-            raise FileNotFoundError(
-                f"data.world_dir: {cfg.data.world_dir!r} holds no built world; build it with "
-                f"`python -m harness.world build --out {cfg.data.world_dir}`"
-            )
         w = load_world(cfg.data.world_dir)
         return PromptSource(list(w.train_prompts), list(w.eval_prompts)[: cfg.data.eval_prompts], list(w.sft_pairs), w.gold_reward)
     from .hh_rlhf import load_hh_rlhf

@@ -244,7 +244,7 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     _write_json(tmp / INFO_FILE, {
         "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "skipped_identical_pairs": train_skips["skipped_identical"] + eval_skips["skipped_identical"],
+        "skipped_identical_pairs": train_skips + eval_skips,
         "torch_threads": torch.get_num_threads(),
     })
     _write_json(tmp / WORLD_FILE, {

@@ -48,16 +48,11 @@ def pretrain_docs(rng: random.Random, n: int) -> list[str]:
     return docs
 
 
-# How many sentences a review has beyond the ones the prompt asks for.
-_SENTENCE_COUNTS = (1, 2, 3, 4)
-_SENTENCE_WEIGHTS = (0.25, 0.45, 0.25, 0.05)
-_MOODS = ("pos", "neg", "mixed")
-
-
 def sft_response(rng: random.Random, spec: g.PromptSpec, task: TaskConfig) -> str:
     """One SFT review for a prompt, with the prompt's own words cut off the front."""
-    n = rng.choices(_SENTENCE_COUNTS, weights=_SENTENCE_WEIGHTS)[0]
-    body = g.review_body(rng, spec, rng.choice(_MOODS), n, on_topic=1 - task.off_topic, repeat=task.repeat)
+    n = rng.choices((1, 2, 3, 4), weights=(0.25, 0.45, 0.25, 0.05))[0]  # sentences beyond those the prompt asks for
+    body = g.review_body(rng, spec, rng.choice(("pos", "neg", "mixed")), n, on_topic=1 - task.off_topic,
+                         repeat=task.repeat)
     toks = [w for s in body for w in s]
     prefix = g.prompt_body_prefix(spec.text)
     assert toks[: len(prefix)] == prefix, (spec.text, toks)

@@ -4,9 +4,9 @@ The judge prefers a over b with probability sigmoid((gold_a - gold_b) / label_no
 textbook model of human labelers; `label_noise = 0` always picks the gold order. A fraction of
 pairs pits a sample against a corrupted copy of itself (words shuffled, replaced at random, or
 praise words piled up in place), so the reward model learns that word salad and adjective piles
-are bad: the cheapest exploits. Repetition and rambling are
-not corrupted in on purpose: the RM only learns about them from what the SFT model happens to
-produce, which leaves PPO room to fool it (RM score up, gold down).
+are bad: the cheapest exploits. Repetition and rambling are not corrupted in on purpose: the RM
+only learns about them from what the SFT model happens to produce, which leaves PPO room to fool
+it (RM score up, gold down).
 """
 from __future__ import annotations
 
@@ -80,12 +80,12 @@ def bt_label(rng: random.Random, gold_a: float, gold_b: float, noise: float) -> 
 def make_pairs(
     model, tok, prompts: list[str], n: int, cfg: PreferenceConfig, gold: GoldConfig, max_new_tokens: int,
     *, seed: int, desc: str, progress: bool = True,
-) -> tuple[list[Pair], dict[str, int]]:
-    """`n` labeled pairs on `prompts`, and counts of what was skipped (identical samples)."""
+) -> tuple[list[Pair], int]:
+    """`n` labeled pairs on `prompts`, and how many identical sample pairs were skipped."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    vocab = [w for w in tok.get_vocab() if w not in tok.all_special_tokens]
-    vocab.sort()  # get_vocab() order is a dict order; sort so draws are reproducible
+    # get_vocab() order is a dict order; sorted so draws are reproducible
+    vocab = sorted(w for w in tok.get_vocab() if w not in tok.all_special_tokens)
     pairs: list[Pair] = []
     skipped_identical = 0
     while len(pairs) < n:
@@ -100,18 +100,17 @@ def make_pairs(
                       eos_id=tok.eos_token_id, banned=[tok.pad_token_id, tok.unk_token_id],
                       generator=gen, desc=desc, progress=progress)
         texts = [(tok.decode(r, skip_special_tokens=True), ended) for r, ended in outs]
-        cands: list[tuple[str, str, bool, str, bool, bool]] = []
+        normal: list[tuple[str, str, bool, str, bool, bool]] = []
+        corrupted: list[tuple[str, str, bool, str, bool, bool]] = []
         for k, p in enumerate(chosen_prompts):
             (a, ea), (b, eb) = texts[2 * k], texts[2 * k + 1]
             if k >= n_normal + spare:  # corrupted pair: a against its word salad
-                cands.append((p, a, ea, corrupt(rng, a, vocab), ea, True))
+                corrupted.append((p, a, ea, corrupt(rng, a, vocab), ea, True))
             elif a == b and ea == eb:
                 skipped_identical += 1
             else:
-                cands.append((p, a, ea, b, eb, False))
-        normal = [c for c in cands if not c[5]][:n_normal]
-        corrupted = [c for c in cands if c[5]]
-        batch = normal + corrupted
+                normal.append((p, a, ea, b, eb, False))
+        batch = normal[:n_normal] + corrupted
         rng.shuffle(batch)
         golds = gold_reward([c[0] for c in batch] * 2, [c[1] for c in batch] + [c[3] for c in batch],
                             [c[2] for c in batch] + [c[4] for c in batch], weights=gold)
@@ -119,11 +118,9 @@ def make_pairs(
         for j, (p, a, ea, b, eb, corr) in enumerate(batch):
             ga, gb = golds[j], golds[m + j]
             a_wins, p_label = bt_label(rng, ga, gb, cfg.label_noise)
-            if a_wins:
-                pairs.append(Pair(p, a, b, ea, eb, ga, gb, p_label, corr))
-            else:
-                pairs.append(Pair(p, b, a, eb, ea, gb, ga, p_label, corr))
-    return pairs[:n], {"skipped_identical": skipped_identical}
+            pairs.append(Pair(p, a, b, ea, eb, ga, gb, p_label, corr) if a_wins
+                         else Pair(p, b, a, eb, ea, gb, ga, p_label, corr))
+    return pairs[:n], skipped_identical
 
 
 def expected_label_ceiling(pairs: list[Pair]) -> float:
