@@ -79,7 +79,6 @@ def world(world_dir: str | Path | None) -> dict[str, str]:
 def record(world_dir: str | Path | None = None) -> dict[str, str]:
     """Flat `provenance.*` tags for an MLflow run: commit, machine, libraries, world."""
     tags = {"provenance.commit": commit()}
-    tags.update({f"provenance.cpu.{k}": v for k, v in cpu().items()})
-    tags.update({f"provenance.version.{k}": v for k, v in versions().items()})
-    tags.update({f"provenance.world.{k}": v for k, v in world(world_dir).items()})
+    for part, values in (("cpu", cpu()), ("version", versions()), ("world", world(world_dir))):
+        tags.update({f"provenance.{part}.{k}": v for k, v in values.items()})
     return tags

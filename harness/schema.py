@@ -75,8 +75,10 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"),
 )
 _Loader.yaml_implicit_resolvers = {  # the class's own copy (add_implicit_resolver made it)
-    c: [(tag, rx) for tag, rx in rs if tag != "tag:yaml.org,2002:bool"] for c, rs in _Loader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    c: [(tag, rx) for tag, rx in rs if tag != "tag:yaml.org,2002:bool"]
+    for c, rs in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -222,24 +224,19 @@ def _problem(cls: Any, err: dict, prefix: str) -> str:
         return f"{head}{loc[-1]}: unknown key" + did_you_mean(loc[-1], _fields(tp), head)
     path, tp, meta = _walk(cls, loc)
     value = err.get("input")
-    allowed = describe(tp, meta)
     name = f"{prefix}{path}" if path else (prefix.rstrip(".") or "config")
-    if err["type"] == "literal_error":
-        _, inner = _optional(tp)
-        hit = closest(value, [str(a) for a in get_args(inner)]) if get_origin(inner) is Literal else None
-        return f"{name}: got {value!r}; allowed: {allowed}" + (f" (did you mean {hit!r}?)" if hit else "")
     if err["type"] in ("value_error", "assertion_error"):
-        msg = str(err.get("ctx", {}).get("error", err["msg"]))
-        return f"{name}: got {value!r}; {msg}"
-    return f"{name}: got {value!r}; allowed: {allowed}"
+        return f"{name}: got {value!r}; " + str(err.get("ctx", {}).get("error", err["msg"]))
+    inner = _optional(tp)[1]
+    literal = err["type"] == "literal_error" and get_origin(inner) is Literal
+    hit = closest(value, map(str, get_args(inner))) if literal else None
+    return f"{name}: got {value!r}; allowed: {describe(tp, meta)}" + (f" (did you mean {hit!r}?)" if hit else "")
 
 
 def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") -> Any:
     """Validate nested data into the section `cls`; raise ConfigError naming source and fields."""
-    if data is None:
-        data = {}
     try:
-        return TypeAdapter(cls).validate_python(data)
+        return TypeAdapter(cls).validate_python({} if data is None else data)
     except ValidationError as e:
         head = f"{source}: " if source else ""
         raise ConfigError(list(dict.fromkeys(head + _problem(cls, err, prefix) for err in e.errors()))) from None
@@ -259,13 +256,12 @@ def parse_value(text: str) -> Any:
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    node = data
-    parts = key.split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(data.get(part), dict):
+            data[part] = {}
+        data = data[part]
+    data[last] = value
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:

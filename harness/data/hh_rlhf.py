@@ -79,8 +79,7 @@ class HHData:
     def summary(self, max_listed: int = 20) -> str:
         """Counts, then each malformed line with its number and reason (the first `max_listed`)."""
         out = [f"{self.path}: {self.lines} lines, {len(self.examples)} usable, {len(self.malformed)} malformed"]
-        for m in self.malformed[:max_listed]:
-            out.append(f"  line {m.line}: {m.reason}")
+        out += [f"  line {m.line}: {m.reason}" for m in self.malformed[:max_listed]]
         if len(self.malformed) > max_listed:
             out.append(f"  ... and {len(self.malformed) - max_listed} more")
         return "\n".join(out)
@@ -89,10 +88,7 @@ class HHData:
 def split_dialogue(dialogue: str) -> tuple[str, str] | None:
     """(prompt through the last assistant marker, reply after it), or None with no assistant turn."""
     i = dialogue.rfind(ASSISTANT)
-    if i < 0:
-        return None
-    cut = i + len(ASSISTANT)
-    return dialogue[:cut], dialogue[cut:]
+    return None if i < 0 else (dialogue[: i + len(ASSISTANT)], dialogue[i + len(ASSISTANT):])
 
 
 def parse_line(raw: bytes, line: int) -> HHExample | Malformed:

@@ -176,8 +176,7 @@ def world_cross_checks(cfg: WorldConfig) -> list[str]:
 def world_config_from_dict(data: dict[str, Any] | None) -> WorldConfig:
     """Validate a nested dict into a WorldConfig; raises ConfigError listing every problem."""
     cfg = schema.validate(WorldConfig, data)
-    problems = world_cross_checks(cfg)
-    if problems:
+    if problems := world_cross_checks(cfg):
         raise schema.ConfigError(problems)
     return cfg
 

@@ -124,10 +124,6 @@ def make_pairs(
 
 
 def expected_label_ceiling(pairs: list[Pair]) -> float:
-    """Accuracy of the gold order against the labels (ties count half), in expectation over the
-    judge's coin flips: the best accuracy any reward model can expect on such labels."""
-    vals = []
-    for p in pairs:
-        prob_gold_order = p.p_chosen if p.gold_chosen >= p.gold_rejected else 1 - p.p_chosen
-        vals.append(max(prob_gold_order, 1 - prob_gold_order) if p.gold_chosen != p.gold_rejected else 0.5)
-    return sum(vals) / len(vals)
+    """The label ceiling in expectation over the judge's coin flips: a pair's label follows its
+    likelier side with probability max(p, 1 - p), p = p_chosen (gold ties count half)."""
+    return sum(max(p.p_chosen, 1 - p.p_chosen) if p.gold_chosen != p.gold_rejected else 0.5 for p in pairs) / len(pairs)

@@ -70,13 +70,12 @@ def train_reward_model(
     hits: list[float] = []
 
     def record(step: int) -> None:
-        row = {"eval_acc": accuracy(score_diffs(rm, evals, pad_id))}
+        row = {"steps": step, "eval_acc": accuracy(score_diffs(rm, evals, pad_id))}
         if losses:
             row.update(train_loss=sum(losses) / len(losses), train_acc=sum(hits) / len(hits))
         else:  # step 0: the untrained head, measured on a slice of the training pairs
             d = score_diffs(rm, train[: len(evals)], pad_id)
             row.update(train_loss=sum(F.softplus(-torch.tensor(d)).tolist()) / max(1, len(d)), train_acc=accuracy(d))
-        hist["steps"].append(step)
         for k, v in row.items():
             hist[k].append(v)
         losses.clear()
