@@ -104,7 +104,7 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError([f"{source}: not valid YAML: {e}"]) from None
 
 
-def read_yaml(path: str | Path, what: str = "config file", allow_empty: bool = False) -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """Read one YAML file whose top level is a mapping; every failure is a ConfigError naming it."""
     p = Path(path)
     src = str(p)
@@ -121,8 +121,6 @@ def read_yaml(path: str | Path, what: str = "config file", allow_empty: bool = F
         raise ConfigError([f"{src}: contains NUL bytes; allowed: a UTF-8 YAML text file"])
     data = parse_yaml(text, src)
     if data is None:
-        if allow_empty:
-            return {}
         raise ConfigError([f"{src}: the file is empty (or only comments); allowed: a mapping of settings"])
     if not isinstance(data, dict):
         raise ConfigError([f"{src}: top level must be a mapping of keys, got {type(data).__name__}"])

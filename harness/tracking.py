@@ -1,8 +1,6 @@
 """MLflow access for every part of the harness: one client per store, experiments whose artifacts
-live next to a sqlite store, runs opened (or reopened) by id, one `log_batch` per step.
-
-MLflow's sqlite store costs ~5 ms per call, so the trainer never logs metric by metric.
-"""
+live next to a sqlite store, runs opened (or reopened) by id, one `log_batch` per step (MLflow's
+sqlite store costs ~5 ms per call, so the trainer never logs metric by metric)."""
 from __future__ import annotations
 
 import json

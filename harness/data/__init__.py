@@ -40,5 +40,4 @@ def load_source(cfg: TrainConfig) -> PromptSource:
                              f"needed to hold out eval prompts (or set data.eval_prompts: 0)")
         print(f"[harness] data.eval_prompts: {cfg.data.eval_prompts} asked, {n_eval} held out "
               f"(a tenth of the {len(hh.prompts)} prompts in {cfg.data.hh_path})", file=sys.stderr)
-    train_prompts, eval_prompts = hh.split_prompts(n_eval, seed=cfg.seed)
-    return PromptSource(train_prompts, eval_prompts, hh.sft_pairs, None)
+    return PromptSource(*hh.split_prompts(n_eval, seed=cfg.seed), hh.sft_pairs, None)

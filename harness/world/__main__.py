@@ -1,7 +1,5 @@
-"""`python -m harness.world build [--config FILE.yaml] [--out DIR] [--set key=value ...]`.
-
-Also `show DIR` (what a built world holds) and `gold PROMPT RESPONSE` (score one response).
-"""
+"""`python -m harness.world build [--config FILE.yaml] [--out DIR] [--set key=value ...]`, `show DIR`
+(what a built world holds) and `gold PROMPT RESPONSE` (score one response)."""
 from __future__ import annotations
 
 import argparse

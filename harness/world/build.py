@@ -2,15 +2,11 @@
 
 `build_world(cfg, out_dir)` runs the stages (corpora -> tokenizer -> pretrained LM -> SFT LM ->
 preference pairs -> reward model) into a temporary folder beside `out_dir` and renames it into
-place only when complete, so a killed build never leaves half a world. `out_dir/world.json`
-holds the config hash; a later call with the same config returns at once.
-
-Layout of a world folder:
-  world.json            config, its hash, format version, RM numbers (deterministic)
-  build_info.json       timings, MLflow run id, build time (differs between identical builds)
-  config.yaml           the resolved WorldConfig
-  tokenizer/ pretrained/ sft/ reward/    Hugging Face save_pretrained folders (tokenizer in each)
-  data/                 prompts, corpora, preference pairs, RM curves, rm_score_diff.json
+place only when complete, so a killed build never leaves half a world; a later call with the same
+config (its hash is in world.json) returns at once. A world folder holds world.json (config, hash,
+format version, RM numbers), build_info.json (timings, MLflow run id: differs between identical
+builds), config.yaml, the Hugging Face folders tokenizer/ pretrained/ sft/ reward/ (tokenizer in
+each) and data/ (prompts, corpora, preference pairs, RM curves, rm_score_diff.json).
 """
 from __future__ import annotations
 
@@ -115,12 +111,12 @@ def stage_seed(seed: int, stage: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{stage}".encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-
-
-def _write_jsonl(path: Path, rows: Sequence[Any]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _write(path: Path, obj: Any) -> None:
+    """JSON (indented, keys sorted), or for .jsonl one JSON value per line."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in obj))
+    else:
+        path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -162,9 +158,9 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     sft_eval = corpus.sft_pairs(rng("sft_eval"), eval_specs, 500, cfg.task)
     train_prompts = [s.text for s in train_specs]
     eval_prompts = [s.text for s in eval_specs]
-    _write_json(data / "train_prompts.json", train_prompts)
-    _write_json(data / "eval_prompts.json", eval_prompts)
-    _write_jsonl(data / "sft_pairs.jsonl", sft)
+    _write(data / "train_prompts.json", train_prompts)
+    _write(data / "eval_prompts.json", eval_prompts)
+    _write(data / "sft_pairs.jsonl", sft)
     (data / "pretrain.txt").write_text("".join(d + "\n" for d in docs))
     lap("corpus")
 
@@ -199,8 +195,8 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
                                           seed=stage_seed(cfg.seed, "pairs_train"), desc="pairs (train)", **pair_args)
     eval_pairs, eval_skips = make_pairs(lm, tok, eval_prompts, cfg.prefs.eval_pairs,
                                         seed=stage_seed(cfg.seed, "pairs_eval"), desc="pairs (eval)", **pair_args)
-    _write_jsonl(data / "prefs_train.jsonl", [asdict(p) for p in train_pairs])
-    _write_jsonl(data / "prefs_eval.jsonl", [asdict(p) for p in eval_pairs])
+    _write(data / "prefs_train.jsonl", [asdict(p) for p in train_pairs])
+    _write(data / "prefs_eval.jsonl", [asdict(p) for p in eval_pairs])
     lap("pairs")
 
     # 6. Reward model from the SFT trunk.
@@ -233,8 +229,8 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     }
     metrics = {k: round(float(v), 6) for k, v in metrics.items()}
     diff_doc = {"diff": [round(d, 6) for d in diffs], "corrupted": [p.corrupted for p in eval_pairs]}
-    _write_json(data / keys.RM_SCORE_DIFF, diff_doc)
-    _write_json(data / "rm_history.json", hist)
+    _write(data / keys.RM_SCORE_DIFF, diff_doc)
+    _write(data / "rm_history.json", hist)
     lap("evaluate")
     timings["total"] = round(time.perf_counter() - start[0], 3)
     cpu["total"] = round(time.process_time() - start[1], 3)
@@ -242,12 +238,12 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     points += [(k, v, cfg.rm.steps) for k, v in (final | {keys.WORLD_BUILD_S: timings["total"]}).items()]
 
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    _write_json(tmp / INFO_FILE, {
+    _write(tmp / INFO_FILE, {
         "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "skipped_identical_pairs": train_skips + eval_skips,
         "torch_threads": torch.get_num_threads(),
     })
-    _write_json(tmp / WORLD_FILE, {
+    _write(tmp / WORLD_FILE, {
         "format": WORLD_FORMAT, "config_hash": chash, "config": to_dict(cfg), "metrics": metrics,
         "vocab_size": len(tok), "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
         "n_train_prompts": len(train_prompts), "n_eval_prompts": len(eval_prompts),

@@ -1,8 +1,5 @@
-"""Typed config of the embedded world (same style as `harness/config.py`, validated by `harness.schema`).
-
-`python -m harness.world build --help` lists every field with its doc string. The world is a
-pure function of this config (and `WORLD_FORMAT`): its hash names the cached build.
-"""
+"""Typed config of the embedded world (validated by `harness.schema`). The world is a pure function
+of this config (and `WORLD_FORMAT`): its hash names the cached build."""
 from __future__ import annotations
 
 import hashlib
@@ -150,8 +147,6 @@ class WorldConfig:
     """The hidden gold reward's weights (what a person would score)."""
 
 
-LONGEST_PROMPT_WORDS = 8  # "review of the pasta and the curry :"
-
 TINY: dict[str, Any] = {
     "task.pair_prompts": 40, "corpus.pretrain_docs": 1500, "corpus.sft_examples": 1500,
     "model.n_layer": 1, "model.n_embd": 64, "model.n_head": 2, "model.n_positions": 64,
@@ -167,7 +162,7 @@ def world_cross_checks(cfg: WorldConfig) -> list[str]:
     p: list[str] = []
     if cfg.model.n_embd % cfg.model.n_head:
         p.append(f"model.n_embd: got {cfg.model.n_embd}; allowed: a multiple of model.n_head={cfg.model.n_head}")
-    longest = LONGEST_PROMPT_WORDS + cfg.task.max_new_tokens + 1
+    longest = 8 + cfg.task.max_new_tokens + 1  # the longest prompt, "review of the pasta and the curry :"
     if cfg.model.n_positions < longest:
         p.append(f"model.n_positions: got {cfg.model.n_positions}; allowed: >= {longest} (prompt + task.max_new_tokens + eos)")
     return p

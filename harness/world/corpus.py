@@ -2,9 +2,8 @@
 
 Pretraining documents are grammatical and keep to a topic, but ramble (2-6 sentences, moods
 mixed), so a model pretrained on them writes fluent, long, lukewarm text: the paper's "policy
-from the pretrained model" starting point. SFT reviews follow their prompt and
-end after 1-4 sentences, with mixed moods and the small flaws (off topic, repeats) that leave
-room for RLHF to help.
+from the pretrained model" starting point. SFT reviews follow their prompt and end after 1-4
+sentences, with mixed moods and the small flaws (off topic, repeats) that leave room for RLHF.
 """
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Small GPT-2 models: construction, one plain training loop, and a seeded sampler.
-
-Kept deliberately plain (no Trainer, no generate()) so a build is deterministic from its seed:
-every random draw goes through an explicit torch.Generator or a seeded init.
-"""
+"""Small GPT-2 models: construction, one plain training loop, and a seeded sampler. Kept plain (no
+Trainer, no generate()) so a build is deterministic from its seed: every random draw goes through
+an explicit torch.Generator or a seeded init."""
 from __future__ import annotations
 
 import math
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -34,11 +33,11 @@ def forward_cached(model: Any, input_ids: torch.Tensor, cache: Any = None) -> tu
     return logits[:, -1], cache
 
 
-def token_nll(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def token_nll(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+              reduction: str = "mean") -> torch.Tensor:
     """Next-token NLL of `labels` (-100 = not predicted); labels[t] is predicted from position t-1."""
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-    tgt = labels[:, 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1),
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
                                              ignore_index=-100, reduction=reduction)
 
 
@@ -53,12 +52,8 @@ def loss_labels(batch: Sequence[tuple[list[int], int]], pad_id: int) -> tuple[to
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask), right-padded to the longest sequence."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
+    ids = pad_sequence([torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True, padding_value=pad_id)
+    mask = pad_sequence([torch.ones(len(s), dtype=torch.long) for s in seqs], batch_first=True)
     return ids, mask
 
 
@@ -68,7 +63,8 @@ def length_batches(lengths: Sequence[int], batch_size: int = 256) -> list[list[i
     return [order[j : j + batch_size] for j in range(0, len(order), batch_size)]
 
 
-def epoch_batches(n: int, batch_size: int, generator: torch.Generator, lengths: Sequence[int], pool: int = 32) -> Iterator[list[int]]:
+def epoch_batches(n: int, batch_size: int, generator: torch.Generator, lengths: Sequence[int],
+                  pool: int = 32) -> Iterator[list[int]]:
     """Endless index batches: a fresh permutation every epoch, short last batches dropped.
 
     Each run of `pool` batches is sorted by length before it is cut into batches (and the batches
@@ -103,7 +99,8 @@ def fit(model: torch.nn.Module, loss_fn: Callable[[list[int]], torch.Tensor], le
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     losses: list[float] = []
-    bar = tqdm(range(1, cfg.steps + 1), desc=desc, disable=None if progress else True, leave=False)  # None: no bar frames in logs
+    # disable=None: no bar frames when the output is not a terminal (logs get the build's lines only)
+    bar = tqdm(range(1, cfg.steps + 1), desc=desc, disable=None if progress else True, leave=False)
     for step in bar:
         model.train()
         loss = loss_fn(next(batches))
