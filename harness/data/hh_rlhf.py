@@ -20,7 +20,6 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 ASSISTANT = "\n\nAssistant:"
 
@@ -122,33 +121,29 @@ def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
     return HHExample(line, chosen[0], chosen[1], rejected[1])
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    n = 0
-    try:
-        with open(path, "rb") as fh:
-            gz = fh.read(2) == b"\x1f\x8b"  # the gzip magic: trust the bytes, not the file name
-        with gzip.open(path, "rb") if gz else open(path, "rb") as fh:
-            for n, raw in enumerate(fh, start=1):
-                raw = raw.rstrip(b"\r\n")
-                # a UTF-8 byte-order mark belongs to the file, not to line 1's JSON
-                yield raw[3:] if n == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-    except (EOFError, OSError, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
-        raise ValueError(f"HH-RLHF file {str(path)!r}: unreadable after line {n} ({e}); "
-                         "the file is truncated or corrupt - download it again") from None
-
-
 def load_hh_rlhf(path: str | Path) -> HHData:
     """Read an HH-RLHF jsonl / jsonl.gz file."""
     p = Path(path)
+    allowed = "allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues"
     if not p.is_file():
-        raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
+        raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; {allowed}")
     if p.stat().st_size == 0:
-        raise ValueError(f"HH-RLHF file {str(p)!r}: the file is empty; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
+        raise ValueError(f"HH-RLHF file {str(p)!r}: the file is empty; {allowed}")
     data = HHData(path=str(p), lines=0)
-    for n, raw in enumerate(_lines(p), start=1):
-        data.lines = n
-        item = parse_line(raw, n)
-        (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore[arg-type]
+    try:
+        with open(p, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"  # the gzip magic: trust the bytes, not the file name
+        with (gzip.open if gz else open)(p, "rb") as fh:
+            for data.lines, raw in enumerate(fh, start=1):
+                raw = raw.rstrip(b"\r\n")
+                if data.lines == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark belongs to the file, not to line 1's JSON
+                item = parse_line(raw, data.lines)
+                (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore
+    except (EOFError, OSError, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
+        raise ValueError(f"HH-RLHF file {str(p)!r}: unreadable after line {data.lines} ({e}); "
+                         "the file is truncated or corrupt - download it again") from None
     if not data.examples:
-        raise ValueError(f"HH-RLHF file {str(p)!r}: no usable line (is it an HH-RLHF jsonl file?)\n{data.summary(max_listed=5)}")
+        raise ValueError(f"HH-RLHF file {str(p)!r}: no usable line (is it an HH-RLHF jsonl file?)\n"
+                         + data.summary(max_listed=5))
     return data
