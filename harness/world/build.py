@@ -33,7 +33,7 @@ from harness.world import corpus, grammar
 from harness.world.config import WORLD_FORMAT, WorldConfig, world_config_from_dict, world_config_hash
 from harness.world.gold import gold_reward
 from harness.world.lm import gpt2_config, mean_response_nll, train_causal_lm
-from harness.world.preferences import Pair, expected_label_ceiling, make_pairs
+from harness.world.preferences import Pair, make_pairs
 from harness.world.reward_model import accuracy, encode_pairs, reward_model_from, score_diffs, train_reward_model
 from harness.world.tokenizer import sample_ids, train_tokenizer
 
@@ -190,13 +190,14 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     lap("sft")
 
     # 5. Preference pairs sampled from the SFT model, labeled by the noisy judge.
-    pair_args = dict(cfg=cfg.prefs, gold=cfg.gold, max_new_tokens=cfg.task.max_new_tokens, progress=progress)
-    train_pairs, train_skips = make_pairs(lm, tok, train_prompts, cfg.prefs.train_pairs,
-                                          seed=stage_seed(cfg.seed, "pairs_train"), desc="pairs (train)", **pair_args)
-    eval_pairs, eval_skips = make_pairs(lm, tok, eval_prompts, cfg.prefs.eval_pairs,
-                                        seed=stage_seed(cfg.seed, "pairs_eval"), desc="pairs (eval)", **pair_args)
-    _write(data / "prefs_train.jsonl", [asdict(p) for p in train_pairs])
-    _write(data / "prefs_eval.jsonl", [asdict(p) for p in eval_pairs])
+    pairs, skipped = {}, 0
+    for split, prompts in (("train", train_prompts), ("eval", eval_prompts)):
+        pairs[split], skips = make_pairs(lm, tok, prompts, getattr(cfg.prefs, f"{split}_pairs"), cfg.prefs, cfg.gold,
+                                         cfg.task.max_new_tokens, seed=stage_seed(cfg.seed, f"pairs_{split}"),
+                                         desc=f"pairs ({split})", progress=progress)
+        _write(data / f"prefs_{split}.jsonl", [asdict(p) for p in pairs[split]])
+        skipped += skips
+    train_pairs, eval_pairs = pairs["train"], pairs["eval"]
     lap("pairs")
 
     # 6. Reward model from the SFT trunk.
@@ -222,7 +223,10 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
         keys.RM_EVAL_ACC_GOLD: accuracy(vs_gold),
         # The best accuracy any reward model can reach on these noisy labels.
         keys.RM_LABEL_CEILING: accuracy([p.gold_chosen - p.gold_rejected for p in eval_pairs]),
-        keys.RM_LABEL_CEILING_EXPECTED: expected_label_ceiling(eval_pairs),
+        # The same in expectation over the judge's coin flips: a label follows the likelier side with
+        # probability max(p, 1 - p), p = p_chosen (gold ties count half).
+        keys.RM_LABEL_CEILING_EXPECTED: sum(max(p.p_chosen, 1 - p.p_chosen) if p.gold_chosen != p.gold_rejected
+                                            else 0.5 for p in eval_pairs) / len(eval_pairs),
         keys.SFT_GOLD_MEAN: sum(sft_golds) / max(1, len(sft_golds)),
         keys.SFT_ENDED_FRAC: sum(sft_ended) / max(1, len(sft_ended)),
         keys.SFT_EVAL_NLL: sft_eval_nll,
@@ -240,7 +244,7 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     _write(tmp / INFO_FILE, {
         "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "skipped_identical_pairs": train_skips + eval_skips,
+        "skipped_identical_pairs": skipped,
         "torch_threads": torch.get_num_threads(),
     })
     _write(tmp / WORLD_FILE, {

@@ -71,8 +71,7 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
             bad += 1
             continue
         named.update(parse.subjects)
-        if covered > len(prefix):  # the sentence holds words of the response, not only the prompt's
-            said = True
+        said |= covered > len(prefix)  # the sentence holds words of the response, not only the prompt's
         if sent in seen:
             continue  # a repeated sentence earns no praise a second time
         seen.add(sent)

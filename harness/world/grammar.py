@@ -15,6 +15,7 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 # -- Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
 # delicious" is ungrammatical (a person notices, a reward model may not).
@@ -147,13 +148,8 @@ def words(text: str) -> list[str]:
 
 
 # -- Parsing ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Parse:
-    """What a grammatical sentence says: its polarity counts and the subjects it names."""
-
-    positive: int
-    negative: int
-    subjects: tuple[str, ...]
+# What a grammatical sentence says: its polarity counts and the subjects it names.
+Parse = NamedTuple("Parse", [("positive", int), ("negative", int), ("subjects", tuple[str, ...])])
 
 
 _CATEGORY_SETS = {k: frozenset(v) for k, v in CATEGORIES.items()}

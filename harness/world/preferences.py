@@ -122,8 +122,3 @@ def make_pairs(
                          else Pair(p, b, a, eb, ea, gb, ga, p_label, corr))
     return pairs[:n], skipped_identical
 
-
-def expected_label_ceiling(pairs: list[Pair]) -> float:
-    """The label ceiling in expectation over the judge's coin flips: a pair's label follows its
-    likelier side with probability max(p, 1 - p), p = p_chosen (gold ties count half)."""
-    return sum(max(p.p_chosen, 1 - p.p_chosen) if p.gold_chosen != p.gold_rejected else 0.5 for p in pairs) / len(pairs)
