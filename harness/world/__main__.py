@@ -13,11 +13,6 @@ DEFAULT_OUT = ".harness/world"
 DEFAULT_URI = "sqlite:///mlflow.db"
 
 
-def _formatter(prog: str) -> argparse.HelpFormatter:
-    """Help lines of at most 100 characters, however wide the terminal."""
-    return argparse.RawDescriptionHelpFormatter(prog, width=min(100, shutil.get_terminal_size().columns - 2))
-
-
 def _parser() -> argparse.ArgumentParser:
     from harness.schema import help_text
     from harness.world.config import WorldConfig
@@ -25,7 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.world", description="The embedded offline RLHF world.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser(
-        "build", help="build (or reuse) a world", formatter_class=_formatter,
+        "build", help="build (or reuse) a world",
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(  # at most 100 columns, any terminal
+            prog, width=min(100, shutil.get_terminal_size().columns - 2)),
         description="Build the world deterministically from its config, or return at once when OUT\n"
                     "already holds a world built from the same config.",
         epilog="config fields (set with --set key=value):\n" + help_text(WorldConfig),

@@ -19,9 +19,7 @@ Encoded = Sequence[tuple[list[int], list[int]]]
 
 def reward_model_from(sft: GPT2LMHeadModel, seed: int) -> GPT2ForSequenceClassification:
     """A sequence classifier (num_labels=1) whose trunk is a copy of the SFT model's."""
-    config = sft.config.__class__.from_dict(sft.config.to_dict())
-    config.num_labels = 1
-    config.architectures = ["GPT2ForSequenceClassification"]
+    config = type(sft.config).from_dict(sft.config.to_dict(), num_labels=1, architectures=["GPT2ForSequenceClassification"])
     torch.manual_seed(seed)  # the head's init
     rm = GPT2ForSequenceClassification(config)
     rm.transformer.load_state_dict(sft.transformer.state_dict())
