@@ -71,9 +71,8 @@ def world(world_dir: str | Path | None) -> dict[str, str]:
         info = json.loads((Path(world_dir) / "world.json").read_text())
     except (OSError, ValueError):
         return {}
-    out = {"hash": str(info.get("config_hash", "unknown"))}
-    out.update({k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))})
-    return out
+    metrics = {k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))}
+    return {"hash": str(info.get("config_hash", "unknown")), **metrics}
 
 
 def record(world_dir: str | Path | None = None) -> dict[str, str]:

@@ -145,12 +145,9 @@ def log_text_artifact(tracking_uri: str, run_id: str, text: str, artifact_path: 
 
 
 def log_json_artifact(tracking_uri: str, run_id: str, obj: Any, artifact_path: str) -> None:
-    """`obj` as JSON; tensors and arrays as lists, other unknown values as text."""
-    def plain(o: Any) -> Any:
-        return o.tolist() if hasattr(o, "tolist") else o.item() if hasattr(o, "item") else str(o)
-
-    text = json.dumps(obj, indent=1, default=plain, ensure_ascii=False)
-    log_text_artifact(tracking_uri, run_id, text, artifact_path)
+    """`obj` as JSON; tensors, arrays and their scalars as (lists of) numbers, other values as text."""
+    log_text_artifact(tracking_uri, run_id, json.dumps(obj, indent=1, ensure_ascii=False,
+                      default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)), artifact_path)
 
 
 def log_file_artifacts(tracking_uri: str, run_id: str, files: Iterable[str | Path],

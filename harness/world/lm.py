@@ -151,8 +151,7 @@ def sample(
         steps: list[torch.Tensor] = []
         for t in range(max_new_tokens):
             logits = logits.float() / temperature
-            if banned:
-                logits[:, list(banned)] = -float("inf")
+            logits[:, list(banned)] = -float("inf")
             tok = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
             tok = torch.where(done, torch.full_like(tok, eos_id), tok)
             steps.append(tok)
