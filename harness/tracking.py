@@ -56,9 +56,8 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
         return exp.experiment_id
-    root = None  # a sqlite store keeps its artifacts beside the db file, not in the caller's cwd
-    if tracking_uri.startswith("sqlite:///"):
-        root = (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlartifacts" / name).as_uri()
+    sqlite = tracking_uri.startswith("sqlite:///")  # keep its artifacts beside the db file, not in the cwd
+    root = (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlartifacts" / name).as_uri() if sqlite else None
     try:
         return c.create_experiment(name, artifact_location=root)
     except Exception:

@@ -7,16 +7,13 @@ from typing import Callable
 
 from ..config import TrainConfig
 
-GoldFn = Callable[[list[str], list[str], list[bool] | None], list[float]]
-
-
 @dataclass
 class PromptSource:
     train_prompts: list[str]
     eval_prompts: list[str]
     sft_texts: list[tuple[str, str]]
     """(prompt, response) pairs for PPO-ptx."""
-    gold: GoldFn | None
+    gold: Callable[[list[str], list[str], list[bool] | None], list[float]] | None
     """Hidden gold reward (embedded world only)."""
 
 

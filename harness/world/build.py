@@ -32,10 +32,9 @@ from harness.config import flatten, to_dict
 from harness.world import corpus, grammar
 from harness.world.config import WORLD_FORMAT, WorldConfig, world_config_from_dict, world_config_hash
 from harness.world.gold import gold_reward
-from harness.world.lm import gpt2_config, mean_response_nll, train_causal_lm
+from harness.world.lm import gpt2_config, mean_response_nll, sample_ids, train_causal_lm, train_tokenizer
 from harness.world.preferences import Pair, make_pairs
 from harness.world.reward_model import accuracy, encode_pairs, reward_model_from, score_diffs, train_reward_model
-from harness.world.tokenizer import sample_ids, train_tokenizer
 
 WORLD_FILE = "world.json"
 INFO_FILE = "build_info.json"

@@ -9,9 +9,8 @@ import torch.nn.functional as F
 from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from harness.world.config import RMTrainConfig
-from harness.world.lm import fit, length_batches, pad_right
+from harness.world.lm import fit, length_batches, pad_right, sample_ids
 from harness.world.preferences import Pair
-from harness.world.tokenizer import sample_ids
 
 Encoded = Sequence[tuple[list[int], list[int]]]
 """(chosen ids, rejected ids) per pair, in the trainer's token format."""
