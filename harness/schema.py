@@ -289,11 +289,8 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None,
          checks: Callable[[Any], list[str]] | None = None) -> Any:
     """YAML file (optional) + overrides (`["rm.steps=100"]` or `{"rm.steps": 100}`) -> section `cls`.
-
     `checks(obj)` returns the problems of rules that span fields. Every problem line starts with
-    where its value came from: the file, or the overrides (`--set` from the command line) when one
-    set that field.
-    """
+    where its value came from: the file, or the overrides (`--set` from the command line)."""
     data = read_yaml(path) if path else {}
     over = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
     label = "--set" if isinstance(overrides, list) else "overrides"

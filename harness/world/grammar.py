@@ -80,11 +80,9 @@ SUBJECT_CLASS: dict[str, str] = {w: c for c in SUBJECT_CATEGORIES for w in CATEG
 
 @dataclass(frozen=True)
 class Template:
-    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots.
-
-    `polarity` is the sentence's own polarity for fixed phrases ("we will never come back .");
-    sentences with slots get their polarity from the words that fill them.
-    """
+    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots. `polarity` is
+    the sentence's own polarity for fixed phrases ("we will never come back ."); sentences with
+    slots get their polarity from the words that fill them."""
 
     pattern: tuple[str, ...]
     polarity: int = 0
@@ -273,10 +271,8 @@ def prompt_subjects(prompt: str) -> tuple[str, ...]:
 def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: int,
                 on_topic: float = 0.9, repeat: float = 0.05) -> list[list[str]]:
     """Sentences of a review for `spec`; the first finishes the prompt's opening when it has one.
-
-    mood: "pos", "neg" or "mixed" sets each sentence's polarity. The review is a
-    natural, imperfect one: sometimes off topic (prob 1-on_topic) or repeating itself (`repeat`).
-    """
+    mood: "pos", "neg" or "mixed" sets each sentence's polarity. The review is a natural, imperfect
+    one: sometimes off topic (prob 1-on_topic) or repeating itself (`repeat`)."""
     def polarity() -> int:
         if mood == "mixed":
             return rng.choice((-1, 0, 1))

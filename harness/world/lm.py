@@ -94,12 +94,9 @@ def length_batches(lengths: Sequence[int], batch_size: int = 256) -> list[list[i
 
 def epoch_batches(n: int, batch_size: int, generator: torch.Generator, lengths: Sequence[int],
                   pool: int = 32) -> Iterator[list[int]]:
-    """Endless index batches: a fresh permutation every epoch, short last batches dropped.
-
-    Each run of `pool` batches is sorted by length before it is cut into batches (and the batches
-    are then shuffled), so a batch pads to a similar length: about half the compute of padding
-    random mixes of short and long sequences.
-    """
+    """Endless index batches: a fresh permutation every epoch, short last batches dropped. Each run
+    of `pool` batches is sorted by length before it is cut into batches (and the batches are then
+    shuffled), so a batch pads to a similar length: about half the compute of random mixes."""
     batch_size = min(batch_size, n)
     while True:
         perm = torch.randperm(n, generator=generator).tolist()
@@ -163,11 +160,9 @@ def sample(
     *, max_new_tokens: int, temperature: float, eos_id: int, banned: Sequence[int] = (),
     generator: torch.Generator, batch_size: int = 256, desc: str = "sample", progress: bool = True,
 ) -> list[tuple[list[int], bool]]:
-    """Sample one response per prompt: (response ids without EOS, ended with EOS?).
-
-    Prompts are batched by length, so no padding (and no position bookkeeping) is needed.
-    `banned` ids (pad, unk) are never sampled: they are not words.
-    """
+    """Sample one response per prompt: (response ids without EOS, ended with EOS?). Prompts are
+    batched by length, so no padding (and no position bookkeeping) is needed. `banned` ids (pad,
+    unk) are never sampled: they are not words."""
     model.eval()
     out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
     by_len: dict[int, list[int]] = {}
