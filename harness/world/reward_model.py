@@ -18,7 +18,8 @@ Encoded = Sequence[tuple[list[int], list[int]]]
 
 def reward_model_from(sft: GPT2LMHeadModel, seed: int) -> GPT2ForSequenceClassification:
     """A sequence classifier (num_labels=1) whose trunk is a copy of the SFT model's."""
-    config = type(sft.config).from_dict(sft.config.to_dict(), num_labels=1, architectures=["GPT2ForSequenceClassification"])
+    config = type(sft.config).from_dict(sft.config.to_dict(), num_labels=1,
+                                        architectures=["GPT2ForSequenceClassification"])
     torch.manual_seed(seed)  # the head's init
     rm = GPT2ForSequenceClassification(config)
     rm.transformer.load_state_dict(sft.transformer.state_dict())
@@ -26,10 +27,8 @@ def reward_model_from(sft: GPT2LMHeadModel, seed: int) -> GPT2ForSequenceClassif
 
 
 def encode_pairs(tok, pairs: Sequence[Pair]) -> list[tuple[list[int], list[int]]]:
-    return [
-        (sample_ids(tok, p.prompt, p.chosen, p.chosen_ended)[0], sample_ids(tok, p.prompt, p.rejected, p.rejected_ended)[0])
-        for p in pairs
-    ]
+    return [(sample_ids(tok, p.prompt, p.chosen, p.chosen_ended)[0],
+             sample_ids(tok, p.prompt, p.rejected, p.rejected_ended)[0]) for p in pairs]
 
 
 @torch.no_grad()
@@ -61,7 +60,8 @@ def train_reward_model(
     *, seed: int, pad_id: int, progress: bool = True,
 ) -> dict[str, list[float]]:
     """Bradley-Terry training. Every cfg.eval_every steps (and at step 0 and the end) records the
-    mean train loss/accuracy since the last record and the held-out accuracy. Returns the records: {"steps", "train_loss", "train_acc", "eval_acc"}, one entry per record."""
+    mean train loss/accuracy since the last record and the held-out accuracy; returns the records
+    as {"steps", "train_loss", "train_acc", "eval_acc"} lists."""
     hist: dict[str, list[float]] = {"steps": [], "train_loss": [], "train_acc": [], "eval_acc": []}
     losses: list[float] = []
     hits: list[float] = []
