@@ -55,8 +55,8 @@ class World:
     eval_prompts: list[str]
     sft_pairs: list[tuple[str, str]]
     metrics: dict[str, float] = field(default_factory=dict)
+    # The Hugging Face folders below `dir`, derived from it (the tokenizer travels in each).
     tokenizer_dir: Path = field(init=False)
-    """The Hugging Face folders below `dir` (the tokenizer travels in each)."""
     pretrained_dir: Path = field(init=False)
     sft_dir: Path = field(init=False)
     reward_dir: Path = field(init=False)
