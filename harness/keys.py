@@ -1,11 +1,9 @@
-"""Names shared by the trainer, the ablation runner, sweeps and analysis: MLflow metric keys,
-tags and artifact paths. Everything downstream of training meets at the MLflow store, so these
-names are the contract; change them here or nowhere.
-
-Metric keys are grouped by prefix the way TRL and verl name them. Every key below is logged at
-every PPO step (x axis = `step`), except those under eval/ (every logging.eval_every steps),
-collapse/step (once, when collapse is detected) and the world's rm/ keys (reward-model training).
-"""
+"""Names shared by the trainer, the ablation runner, sweeps and analysis: MLflow metric keys, tags
+and artifact paths. Everything downstream of training meets at the MLflow store, so these names are
+the contract; change them here or nowhere. Metric keys are grouped by prefix the way TRL and verl
+name them. Every key below is logged at every PPO step (x axis = `step`), except those under eval/
+(every logging.eval_every steps), collapse/step (once, when collapse is detected) and the world's
+rm/ keys (reward-model training)."""
 
 # -- objective: what the run optimizes and how far it moved (paper section 4) -----------------
 RM_SCORE = "objective/rm_score"  # raw reward-model score, before any scaling (mean over batch)
@@ -22,12 +20,10 @@ PPL_REF = "objective/ppl_ref"  # same under the reference (SFT) model
 NON_SCORE_REWARD = "objective/non_score_reward"  # summed KL-penalty reward per sample, batch mean
 SCORE_PROCESSED = "objective/score_processed"  # score after scaling/normalization/clipping
 
-# -- response ----------------------------------------------------------------------------------
 LENGTH = "response/length_mean"
 LENGTH_MAX = "response/length_max"
 FRAC_AT_CAP = "response/frac_at_cap"
 
-# -- policy update -----------------------------------------------------------------------------
 PG_LOSS = "policy/pg_loss"
 ENTROPY_LOSS = "policy/entropy_loss"
 PTX_LOSS = "policy/ptx_loss"
@@ -37,7 +33,6 @@ RATIO_MEAN = "policy/ratio_mean"
 RATIO_STD = "policy/ratio_std"
 RATIO_MAX = "policy/ratio_max"
 
-# -- value / critic ----------------------------------------------------------------------------
 VF_LOSS = "val/vf_loss"
 VF_CLIPFRAC = "val/clipfrac"
 VALUES = "val/values_mean"
@@ -50,17 +45,14 @@ ADV_STD = "adv/std"
 ADV_RAW_MEAN = "adv/raw_mean"
 ADV_RAW_STD = "adv/raw_std"
 
-# -- reward processing running statistics -------------------------------------------------------
 REWARD_RUNNING_MEAN = "reward/running_mean"
 REWARD_RUNNING_STD = "reward/running_std"
 
-# -- optimizer ---------------------------------------------------------------------------------
 GRAD_NORM_POLICY = "optim/grad_norm_policy"  # before clipping, mean over updates this step
 GRAD_NORM_CRITIC = "optim/grad_norm_critic"
 LR_POLICY = "optim/lr_policy"
 LR_CRITIC = "optim/lr_critic"
 
-# -- speed -------------------------------------------------------------------------------------
 TOKENS_PER_S = "perf/tokens_per_s"  # generated response tokens per second of step time
 STEP_S = "perf/step_s"
 TIME_ROLLOUT = "perf/time_rollout_s"
@@ -69,13 +61,11 @@ TIME_ADVANTAGE = "perf/time_advantage_s"
 TIME_UPDATE = "perf/time_update_s"
 TIME_LOGGING = "perf/time_logging_s"  # logging time of the previous step (this step's is not known yet)
 
-# -- eval on held-out prompts --------------------------------------------------------------------
 EVAL_GOLD = "eval/gold_score"
 EVAL_RM = "eval/rm_score"
 EVAL_WIN_RATE = "eval/win_rate_vs_sft"  # gold(policy) > gold(SFT) on the same prompt; ties count half
 EVAL_LENGTH = "eval/length_mean"
 
-# -- collapse ----------------------------------------------------------------------------------
 COLLAPSE_STEP = "collapse/step"  # logged once, at the step the collapse streak began
 COLLAPSE_SIGNALS = "collapse/signals"  # number of rule signals firing this step
 
@@ -105,7 +95,6 @@ STEP_METRICS = [
 GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
 
-# -- tags ----------------------------------------------------------------------------------------
 TAG_SEED = "harness.seed"
 TAG_COMMIT = "harness.git_commit"
 TAG_CONFIG_HASH = "harness.config_hash"
@@ -125,7 +114,6 @@ TAG_TRIAL_STATE = "harness.trial_state"
 TAG_TRIAL_OUTCOME = "harness.trial_outcome"
 SWEEP_OBJECTIVE = "sweep/objective"  # a trial run's objective value (logged once per seed run)
 
-# -- artifacts -----------------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"  # the resolved config
 SAMPLES_DIR = "samples"  # samples/step_000050.json: {"step", "rows": [{prompt, response, rm_score, gold_score, length}]}
 EVAL_SCORES_DIR = "eval"  # eval/rm_scores_step_000050.json: {"step", "rm": [...], "gold": [...]} (Fig. 13)

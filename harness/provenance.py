@@ -21,7 +21,8 @@ PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "mlflow", "optuna", 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
+    """Output of a git command in this checkout ('' outside one)."""
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=REPO).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -30,8 +31,8 @@ def _git(*args: str) -> str:
 
 def commit() -> str:
     """Short commit of the code, with ' (uncommitted changes)' when the tree is dirty."""
-    c = _git("rev-parse", "--short", "HEAD") or "unknown"
-    return c + (" (uncommitted changes)" if c != "unknown" and _git("status", "--porcelain", "--untracked-files=no") else "")
+    c = git("rev-parse", "--short", "HEAD") or "unknown"
+    return c + (" (uncommitted changes)" if c != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 @lru_cache(maxsize=1)
@@ -70,15 +71,13 @@ def world(world_dir: str | Path | None) -> dict[str, str]:
         info = json.loads((Path(world_dir) / "world.json").read_text())
     except (OSError, ValueError):
         return {}
-    out = {"hash": str(info.get("config_hash", "unknown"))}
-    out.update({k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))})
-    return out
+    metrics = {k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))}
+    return {"hash": str(info.get("config_hash", "unknown")), **metrics}
 
 
 def record(world_dir: str | Path | None = None) -> dict[str, str]:
     """Flat `provenance.*` tags for an MLflow run: commit, machine, libraries, world."""
     tags = {"provenance.commit": commit()}
-    tags.update({f"provenance.cpu.{k}": v for k, v in cpu().items()})
-    tags.update({f"provenance.version.{k}": v for k, v in versions().items()})
-    tags.update({f"provenance.world.{k}": v for k, v in world(world_dir).items()})
+    for part, values in (("cpu", cpu()), ("version", versions()), ("world", world(world_dir))):
+        tags.update({f"provenance.{part}.{k}": v for k, v in values.items()})
     return tags

@@ -1,20 +1,12 @@
-"""The one validation engine for every YAML file the project reads.
-
-Train configs, world configs, ablation (figure) files and sweep files are all described by typed
-sections: `@section`-decorated dataclasses (pydantic dataclasses, so `dataclasses.replace`,
-`dataclasses.fields` and `dataclasses.asdict` keep working) with a docstring under every field.
-This module reads the YAML (safe loader; duplicate keys, non-UTF-8 bytes and non-mapping tops are
-errors), validates it with pydantic, and turns pydantic's errors into one line per problem that
-names the file (or `--set`), the dotted field, the value and what is allowed, with one closest-key
-hint:
+"""The one validation engine for every YAML file the project reads (train, world, ablation and
+sweep files): `@section` classes are pydantic dataclasses (so `dataclasses.replace/fields/asdict`
+keep working) with a docstring under every field, from which `--help` is generated. The YAML is
+read safely (duplicate keys, non-UTF-8 bytes and non-mapping tops are errors) and pydantic's
+errors become one line per problem naming the file (or `--set`), the dotted field, the value and
+what is allowed, with one closest-key hint:
 
     config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
     --set: ppo.clip_eps: got 5; allowed: a number > 0 and <= 1 or null
-
-Why pydantic: it is the best-kept typed validator in the ecosystem (ranges through `Field(ge=...)`,
-Literal choices, nested sections, JSON schema), and its field docstrings
-(`use_attribute_docstrings`) keep the CleanRL style of a docstring under every field, from which
-`--help` is generated.
 """
 from __future__ import annotations
 
@@ -70,9 +62,7 @@ class ConfigError(ValueError):
         super().__init__("invalid config:\n  - " + "\n  - ".join(self.problems))
 
 
-# --------------------------------------------------------------------------------------------
-# Reading YAML
-# --------------------------------------------------------------------------------------------
+# -- Reading YAML -----------------------------------------------------------------------------------
 class _Loader(yaml.SafeLoader):
     """Safe loader that refuses duplicate keys, reads `1e-5` as a number (YAML 1.1 needs a dot) and,
     as YAML 1.2, only true/false as booleans (`yes`, `no`, `on`, `off` are strings, so a boolean
@@ -85,8 +75,10 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"),
 )
 _Loader.yaml_implicit_resolvers = {  # the class's own copy (add_implicit_resolver made it)
-    c: [(tag, rx) for tag, rx in rs if tag != "tag:yaml.org,2002:bool"] for c, rs in _Loader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    c: [(tag, rx) for tag, rx in rs if tag != "tag:yaml.org,2002:bool"]
+    for c, rs in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -112,7 +104,7 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError([f"{source}: not valid YAML: {e}"]) from None
 
 
-def read_yaml(path: str | Path, what: str = "config file", allow_empty: bool = False) -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """Read one YAML file whose top level is a mapping; every failure is a ConfigError naming it."""
     p = Path(path)
     src = str(p)
@@ -129,17 +121,13 @@ def read_yaml(path: str | Path, what: str = "config file", allow_empty: bool = F
         raise ConfigError([f"{src}: contains NUL bytes; allowed: a UTF-8 YAML text file"])
     data = parse_yaml(text, src)
     if data is None:
-        if allow_empty:
-            return {}
         raise ConfigError([f"{src}: the file is empty (or only comments); allowed: a mapping of settings"])
     if not isinstance(data, dict):
         raise ConfigError([f"{src}: top level must be a mapping of keys, got {type(data).__name__}"])
     return data
 
 
-# --------------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------------
+# -- Validation -------------------------------------------------------------------------------------
 def closest(word: Any, options: typing.Iterable[str]) -> str | None:
     """The one closest option to a mistyped word, or None when nothing is close."""
     hits = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.5)
@@ -171,6 +159,12 @@ def base_type(tp: Any) -> tuple[bool, Any]:
     return opt, get_args(inner)[0] if get_origin(inner) is typing.Annotated else inner
 
 
+_BOUNDS = (("gt", "> {}"), ("ge", ">= {}"), ("lt", "< {}"), ("le", "<= {}"), ("min_length", "at least {} long"),
+           ("max_length", "at most {} long"), ("pattern", "matching {}"))
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping",
+          list: "a list"}
+
+
 def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
     """Human words for what a field allows ('a number > 0 and <= 1 or null')."""
     opt, inner = _optional(tp)
@@ -181,50 +175,32 @@ def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
     metadata = [x for m in metadata for x in ([m, *m.metadata] if hasattr(m, "metadata") else [m])]
     bounds = []
     for m in metadata:
-        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        for attr, text in _BOUNDS:
             v = getattr(m, attr, None)
             if v is not None:
-                bounds.append(f"{sym} {v:g}" if isinstance(v, float) else f"{sym} {v}")
-        if getattr(m, "min_length", None):
-            bounds.append(f"at least {m.min_length} long")
-        if getattr(m, "max_length", None):
-            bounds.append(f"at most {m.max_length} long")
-        if getattr(m, "pattern", None):
-            bounds.append(f"matching {m.pattern}")
+                bounds.append(text.format(f"{v:g}" if isinstance(v, float) else v))
     if get_origin(inner) is Literal:
         s = "one of " + ", ".join(repr(a) for a in get_args(inner))
-    elif inner is bool:
-        s = "true or false"
-    elif inner in (int, float):
-        s = "an integer" if inner is int else "a number"
-    elif inner is str:
-        s = "a string"
-    elif get_origin(inner) is dict:
-        s = "a mapping"
-    elif get_origin(inner) is list:
-        s = "a list"
     elif dataclasses.is_dataclass(inner):
         s = "a section with keys " + ", ".join(_fields(inner))
     else:
-        s = getattr(inner, "__name__", str(inner))
+        s = _KINDS.get(get_origin(inner) or inner) or getattr(inner, "__name__", str(inner))
     if bounds:
         s += " " + " and ".join(bounds)
     return s + (" or null" if opt else "")
 
 
-def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
-    """Follow an error location through the sections: (dotted field, annotation, metadata, parent)."""
+def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list]:
+    """Follow an error location through the sections: (dotted field, annotation, metadata)."""
     names: list[str] = []
     tp: Any = cls
     meta: list = []
-    parent = cls
     for part in loc:
         _, inner = _optional(tp)
         if get_origin(inner) is typing.Annotated:
             inner = get_args(inner)[0]
         fields = _fields(inner)
         if isinstance(part, str) and part in fields:
-            parent = inner
             names.append(part)
             tp, meta = fields[part].annotation, list(fields[part].metadata)
         elif isinstance(part, (str, int)) and get_origin(inner) in (dict, list) or isinstance(part, int):
@@ -235,54 +211,40 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list, Any]:
             continue  # a union member's tag ('float', 'function-after[...]'): not a field
         else:
             names.append(str(part))
-    return ".".join(names), tp, meta, parent
+    return ".".join(names), tp, meta
 
 
 def _problem(cls: Any, err: dict, prefix: str) -> str:
     loc = tuple(err["loc"])
     if err["type"] in ("unexpected_keyword_argument", "extra_forbidden", "invalid_key"):  # invalid: not text
-        path, _, _, _ = _walk(cls, loc[:-1])
+        path, tp, _ = _walk(cls, loc[:-1])
         head = f"{prefix}{path}." if path else prefix
-        options = list(_fields(_walk(cls, loc[:-1])[1] if loc[:-1] else cls)) or []
-        return f"{head}{loc[-1]}: unknown key" + did_you_mean(loc[-1], options, head)
-    path, tp, meta, _ = _walk(cls, loc)
+        return f"{head}{loc[-1]}: unknown key" + did_you_mean(loc[-1], _fields(tp), head)
+    path, tp, meta = _walk(cls, loc)
     value = err.get("input")
-    allowed = describe(tp, meta)
     name = f"{prefix}{path}" if path else (prefix.rstrip(".") or "config")
-    if err["type"] == "literal_error":
-        _, inner = _optional(tp)
-        hit = closest(value, [str(a) for a in get_args(inner)]) if get_origin(inner) is Literal else None
-        return f"{name}: got {value!r}; allowed: {allowed}" + (f" (did you mean {hit!r}?)" if hit else "")
     if err["type"] in ("value_error", "assertion_error"):
-        msg = str(err.get("ctx", {}).get("error", err["msg"]))
-        return f"{name}: got {value!r}; {msg}"
-    return f"{name}: got {value!r}; allowed: {allowed}"
+        return f"{name}: got {value!r}; " + str(err.get("ctx", {}).get("error", err["msg"]))
+    inner = _optional(tp)[1]
+    literal = err["type"] == "literal_error" and get_origin(inner) is Literal
+    hit = closest(value, map(str, get_args(inner))) if literal else None
+    return f"{name}: got {value!r}; allowed: {describe(tp, meta)}" + (f" (did you mean {hit!r}?)" if hit else "")
 
 
 def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") -> Any:
     """Validate nested data into the section `cls`; raise ConfigError naming source and fields."""
-    if data is None:
-        data = {}
     try:
-        return TypeAdapter(cls).validate_python(data)
+        return TypeAdapter(cls).validate_python({} if data is None else data)
     except ValidationError as e:
         head = f"{source}: " if source else ""
-        problems, seen = [], set()
-        for err in e.errors():
-            p = head + _problem(cls, err, prefix)
-            if p not in seen:
-                seen.add(p)
-                problems.append(p)
-        raise ConfigError(problems) from None
+        raise ConfigError(list(dict.fromkeys(head + _problem(cls, err, prefix) for err in e.errors()))) from None
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-# --------------------------------------------------------------------------------------------
-# Files plus command-line overrides
-# --------------------------------------------------------------------------------------------
+# -- Files plus command-line overrides --------------------------------------------------------------
 def parse_value(text: str) -> Any:
     """An override's value read the way the YAML file would be (`0.1`, `1e-5`, `true`, `null`, `[a, b]`)."""
     try:
@@ -292,13 +254,12 @@ def parse_value(text: str) -> Any:
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    node = data
-    parts = key.split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(data.get(part), dict):
+            data[part] = {}
+        data = data[part]
+    data[last] = value
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -328,11 +289,8 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None,
          checks: Callable[[Any], list[str]] | None = None) -> Any:
     """YAML file (optional) + overrides (`["rm.steps=100"]` or `{"rm.steps": 100}`) -> section `cls`.
-
     `checks(obj)` returns the problems of rules that span fields. Every problem line starts with
-    where its value came from: the file, or the overrides (`--set` from the command line) when one
-    set that field.
-    """
+    where its value came from: the file, or the overrides (`--set` from the command line)."""
     data = read_yaml(path) if path else {}
     over = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
     label = "--set" if isinstance(overrides, list) else "overrides"
@@ -352,9 +310,7 @@ def load(cls: type, path: str | Path | None = None, overrides: list[str] | dict[
     return obj
 
 
-# --------------------------------------------------------------------------------------------
-# Documentation from the sections (--help, README tables)
-# --------------------------------------------------------------------------------------------
+# -- Documentation from the sections (--help, README tables) ----------------------------------------
 def iter_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, Any, Any, str, list]]:
     """(dotted key, annotation, default, docstring, metadata) for every leaf field of a section."""
     for f in dataclasses.fields(cls):

@@ -19,7 +19,7 @@ from harness.config import ConfigError
 from harness.world import TINY, World, WorldError, build_world, gold_reward, load_world, load_world_config, world_config_hash
 from harness.world import __main__ as cli
 from harness.world import corpus
-from harness.world.build import BUILD_S, INFO_FILE, RM_EVAL_ACC_GOLD, RM_LABEL_CEILING, WORLD_FILE
+from harness.world.build import INFO_FILE, WORLD_FILE
 from harness.world.config import TaskConfig
 from harness.world.gold import gold_breakdown
 from harness.world.preferences import bt_label
@@ -105,8 +105,8 @@ def test_reward_model_beats_chance_on_held_out_pairs(tiny):
     m = w.metrics
     # Logged numbers: above chance, and no better than the noisy labels allow (plus slack).
     assert m[keys.RM_EVAL_ACC] > 0.58, m
-    assert m[RM_EVAL_ACC_GOLD] > 0.6, m
-    assert m[keys.RM_EVAL_ACC] <= m[RM_LABEL_CEILING] + 0.05, m
+    assert m[keys.RM_EVAL_ACC_GOLD] > 0.6, m
+    assert m[keys.RM_EVAL_ACC] <= m[keys.RM_LABEL_CEILING] + 0.05, m
     # Recompute from the saved RM through the public token format: the RM on disk is the one
     # that was measured, and it scores the last non-pad token.
     from transformers import AutoTokenizer
@@ -143,7 +143,7 @@ def test_world_run_is_logged_to_mlflow_and_reads_back(tiny):
     assert loss[rm_cfg.steps] < loss[0]  # the RM learned something
     final_eval = dict(tracking.metric_history(uri, run.info.run_id, keys.RM_EVAL_ACC))[rm_cfg.steps]
     assert final_eval == pytest.approx(load_world(tiny["dir"]).metrics[keys.RM_EVAL_ACC], abs=1e-6)
-    assert run.data.metrics[RM_LABEL_CEILING] > 0.5 and run.data.metrics[BUILD_S] > 0
+    assert run.data.metrics[keys.RM_LABEL_CEILING] > 0.5 and run.data.metrics[keys.WORLD_BUILD_S] > 0
     diff = tracking.load_json_artifact(uri, run.info.run_id, keys.RM_SCORE_DIFF)["diff"]
     assert len(diff) == tiny["cfg"].prefs.eval_pairs
     assert sum(d > 0 for d in diff) / len(diff) == pytest.approx(final_eval, abs=1e-6)

@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
 from ..config import TrainConfig
-
-GoldFn = Callable[[list[str], list[str], list[bool] | None], list[float]]
-
 
 @dataclass
 class PromptSource:
@@ -17,19 +13,14 @@ class PromptSource:
     eval_prompts: list[str]
     sft_texts: list[tuple[str, str]]
     """(prompt, response) pairs for PPO-ptx."""
-    gold: GoldFn | None
+    gold: Callable[[list[str], list[str], list[bool] | None], list[float]] | None
     """Hidden gold reward (embedded world only)."""
 
 
 def load_source(cfg: TrainConfig) -> PromptSource:
     if cfg.data.source == "world":
-        from ..world import load_world
+        from ..world import load_world  # its WorldError says how to build a missing world
 
-        if not Path(cfg.data.world_dir).exists():
-            raise FileNotFoundError(
-                f"data.world_dir: {cfg.data.world_dir!r} holds no built world; build it with "
-                f"`python -m harness.world build --out {cfg.data.world_dir}`"
-            )
         w = load_world(cfg.data.world_dir)
         return PromptSource(list(w.train_prompts), list(w.eval_prompts)[: cfg.data.eval_prompts], list(w.sft_pairs), w.gold_reward)
     from .hh_rlhf import load_hh_rlhf
@@ -46,5 +37,4 @@ def load_source(cfg: TrainConfig) -> PromptSource:
                              f"needed to hold out eval prompts (or set data.eval_prompts: 0)")
         print(f"[harness] data.eval_prompts: {cfg.data.eval_prompts} asked, {n_eval} held out "
               f"(a tenth of the {len(hh.prompts)} prompts in {cfg.data.hh_path})", file=sys.stderr)
-    train_prompts, eval_prompts = hh.split_prompts(n_eval, seed=cfg.seed)
-    return PromptSource(train_prompts, eval_prompts, hh.sft_pairs, None)
+    return PromptSource(*hh.split_prompts(n_eval, seed=cfg.seed), hh.sft_pairs, None)

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
 
 ASSISTANT = "\n\nAssistant:"
-HUMAN = "\n\nHuman:"
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -80,8 +78,7 @@ class HHData:
     def summary(self, max_listed: int = 20) -> str:
         """Counts, then each malformed line with its number and reason (the first `max_listed`)."""
         out = [f"{self.path}: {self.lines} lines, {len(self.examples)} usable, {len(self.malformed)} malformed"]
-        for m in self.malformed[:max_listed]:
-            out.append(f"  line {m.line}: {m.reason}")
+        out += [f"  line {m.line}: {m.reason}" for m in self.malformed[:max_listed]]
         if len(self.malformed) > max_listed:
             out.append(f"  ... and {len(self.malformed) - max_listed} more")
         return "\n".join(out)
@@ -90,15 +87,7 @@ class HHData:
 def split_dialogue(dialogue: str) -> tuple[str, str] | None:
     """(prompt through the last assistant marker, reply after it), or None with no assistant turn."""
     i = dialogue.rfind(ASSISTANT)
-    if i < 0:
-        return None
-    cut = i + len(ASSISTANT)
-    return dialogue[:cut], dialogue[cut:]
-
-
-def _first_difference(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+    return None if i < 0 else (dialogue[: i + len(ASSISTANT)], dialogue[i + len(ASSISTANT):])
 
 
 def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
@@ -127,47 +116,34 @@ def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
     if rejected is None:
         return Malformed(line, "no '\\n\\nAssistant:' turn in 'rejected'")
     if chosen[0] != rejected[0]:
-        at = _first_difference(chosen[0], rejected[0])
+        at = len(os.path.commonprefix([chosen[0], rejected[0]]))
         return Malformed(line, f"chosen and rejected prompts differ (first difference at character {at})")
     return HHExample(line, chosen[0], chosen[1], rejected[1])
 
 
-def _open(path: Path) -> IO[bytes]:
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == _GZIP_MAGIC  # trust the bytes, not the file name
-    return gzip.open(path, "rb") if gz else open(path, "rb")
-
-
-def _lines(path: Path) -> Iterator[bytes]:
-    n = 0
-    try:
-        with _open(path) as fh:
-            for n, raw in enumerate(fh, start=1):
-                raw = raw.rstrip(b"\r\n")
-                # a UTF-8 byte-order mark belongs to the file, not to line 1's JSON
-                yield raw[3:] if n == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-    except (EOFError, OSError, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
-        raise ValueError(f"HH-RLHF file {str(path)!r}: unreadable after line {n} ({e}); "
-                         "the file is truncated or corrupt - download it again") from None
-
-
-def load_hh_rlhf(path: str | Path, limit: int | None = None) -> HHData:
-    """Read an HH-RLHF jsonl / jsonl.gz file; `limit` stops after that many lines."""
+def load_hh_rlhf(path: str | Path) -> HHData:
+    """Read an HH-RLHF jsonl / jsonl.gz file."""
     p = Path(path)
+    allowed = "allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues"
     if not p.is_file():
-        raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
+        raise FileNotFoundError(f"HH-RLHF file {str(p)!r}: not found; {allowed}")
     if p.stat().st_size == 0:
-        raise ValueError(f"HH-RLHF file {str(p)!r}: the file is empty; allowed: a .jsonl or .jsonl.gz file with 'chosen'/'rejected' dialogues")
+        raise ValueError(f"HH-RLHF file {str(p)!r}: the file is empty; {allowed}")
     data = HHData(path=str(p), lines=0)
-    for n, raw in enumerate(_lines(p), start=1):
-        if limit is not None and n > limit:
-            break
-        data.lines = n
-        item = parse_line(raw, n)
-        (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore[arg-type]
+    try:
+        with open(p, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"  # the gzip magic: trust the bytes, not the file name
+        with (gzip.open if gz else open)(p, "rb") as fh:
+            for data.lines, raw in enumerate(fh, start=1):
+                raw = raw.rstrip(b"\r\n")
+                if data.lines == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark belongs to the file, not to line 1's JSON
+                item = parse_line(raw, data.lines)
+                (data.examples if isinstance(item, HHExample) else data.malformed).append(item)  # type: ignore
+    except (EOFError, OSError, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
+        raise ValueError(f"HH-RLHF file {str(p)!r}: unreadable after line {data.lines} ({e}); "
+                         "the file is truncated or corrupt - download it again") from None
     if not data.examples:
-        raise ValueError(f"HH-RLHF file {str(p)!r}: no usable line (is it an HH-RLHF jsonl file?)\n{data.summary(max_listed=5)}")
+        raise ValueError(f"HH-RLHF file {str(p)!r}: no usable line (is it an HH-RLHF jsonl file?)\n"
+                         + data.summary(max_listed=5))
     return data
-
-
-__all__ = ["HHExample", "Malformed", "HHData", "load_hh_rlhf", "parse_line", "split_dialogue", "ASSISTANT", "HUMAN"]

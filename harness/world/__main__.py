@@ -1,11 +1,10 @@
-"""`python -m harness.world build [--config FILE.yaml] [--out DIR] [--set key=value ...]`.
-
-Also `show DIR` (what a built world holds) and `gold PROMPT RESPONSE` (score one response).
-"""
+"""`python -m harness.world build [--config FILE.yaml] [--out DIR] [--set key=value ...]`, `show DIR`
+(what a built world holds) and `gold PROMPT RESPONSE` (score one response)."""
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 
 from harness.config import ConfigError
@@ -15,22 +14,26 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.world.config import world_help_text
+    from harness.schema import help_text
+    from harness.world.config import WorldConfig
 
     p = argparse.ArgumentParser(prog="python -m harness.world", description="The embedded offline RLHF world.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser(
         "build", help="build (or reuse) a world",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Build the world deterministically from its config, or return at once when OUT "
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(  # at most 100 columns, any terminal
+            prog, width=min(100, shutil.get_terminal_size().columns - 2)),
+        description="Build the world deterministically from its config, or return at once when OUT\n"
                     "already holds a world built from the same config.",
-        epilog="config fields (set with --set key=value):\n" + world_help_text(),
+        epilog="config fields (set with --set key=value):\n" + help_text(WorldConfig),
     )
     b.add_argument("--config", help="YAML file of WorldConfig fields")
     b.add_argument("--out", default=DEFAULT_OUT, help=f"world folder (default {DEFAULT_OUT})")
-    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. --set prefs.label_noise=0.3 (repeatable)")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set prefs.label_noise=0.3 (repeatable)")
     b.add_argument("--tiny", action="store_true", help="start from the tiny test scale (seconds to build)")
-    b.add_argument("--tracking-uri", default=DEFAULT_URI, help=f"MLflow tracking URI (default {DEFAULT_URI}; 'none' = no logging)")
+    b.add_argument("--tracking-uri", default=DEFAULT_URI,
+                   help=f"MLflow tracking URI (default {DEFAULT_URI}; 'none' = no logging)")
     b.add_argument("--experiment", default="world", help="MLflow experiment (default world)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cached world matches")
     b.add_argument("--quiet", action="store_true", help="no progress output")
@@ -50,26 +53,19 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(gold_breakdown(args.prompt, args.response, not args.not_ended).__dict__, indent=1))
         return 0
-    from harness.world.build import WorldError, build_world, load_world
-    from harness.world.config import TINY, load_world_config, world_config_hash
+    from harness.config import parse_overrides
+    from harness.world import TINY, WorldError, build_world, load_world, load_world_config
 
     try:
-        if args.cmd == "show":
-            w = load_world(args.dir)
-            print(json.dumps({"dir": str(w.dir), "config_hash": w.config_hash, "train_prompts": len(w.train_prompts),
-                              "eval_prompts": len(w.eval_prompts), "sft_pairs": len(w.sft_pairs), "metrics": w.metrics}, indent=1))
-            return 0
-        overrides = dict(TINY) if args.tiny else {}
-        from harness.config import parse_overrides
-
-        overrides.update(parse_overrides(args.set))
-        cfg = load_world_config(args.config, overrides)
-        uri = None if args.tracking_uri.lower() in ("", "none") else args.tracking_uri
-        out = build_world(cfg, args.out, tracking_uri=uri, experiment=args.experiment, progress=not args.quiet, force=args.force)
-        w = load_world(out)
-        if w.config_hash != world_config_hash(cfg):
-            raise WorldError("internal: built world does not match its config")
-        print(json.dumps({"dir": str(out), "config_hash": w.config_hash, "metrics": w.metrics}, indent=1))
+        if args.cmd == "build":
+            cfg = load_world_config(args.config, {**(TINY if args.tiny else {}), **parse_overrides(args.set)})
+            uri = None if args.tracking_uri.lower() in ("", "none") else args.tracking_uri
+            args.dir = build_world(cfg, args.out, tracking_uri=uri, experiment=args.experiment,
+                                   progress=not args.quiet, force=args.force)
+        w = load_world(args.dir)
+        counts = {} if args.cmd == "build" else {
+            "train_prompts": len(w.train_prompts), "eval_prompts": len(w.eval_prompts), "sft_pairs": len(w.sft_pairs)}
+        print(json.dumps({"dir": str(w.dir), "config_hash": w.config_hash, **counts, "metrics": w.metrics}, indent=1))
         return 0
     except (ConfigError, WorldError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -2,20 +2,14 @@
 
 `build_world(cfg, out_dir)` runs the stages (corpora -> tokenizer -> pretrained LM -> SFT LM ->
 preference pairs -> reward model) into a temporary folder beside `out_dir` and renames it into
-place only when complete, so a killed build never leaves half a world. `out_dir/world.json`
-holds the config hash; a later call with the same config returns at once.
-
-Layout of a world folder:
-  world.json            config, its hash, format version, RM numbers (deterministic)
-  build_info.json       timings, MLflow run id, build time (differs between identical builds)
-  config.yaml           the resolved WorldConfig
-  tokenizer/ pretrained/ sft/ reward/    Hugging Face save_pretrained folders (tokenizer in each)
-  data/                 prompts, corpora, preference pairs, RM curves, rm_score_diff.json
+place only when complete, so a killed build never leaves half a world; a later call with the same
+config (its hash is in world.json) returns at once. A world folder holds world.json (config, hash,
+format version, RM numbers), build_info.json (timings, MLflow run id: differs between identical
+builds), config.yaml, the Hugging Face folders tokenizer/ pretrained/ sft/ reward/ (tokenizer in
+each) and data/ (prompts, corpora, preference pairs, RM curves, rm_score_diff.json).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -23,31 +17,24 @@ import random
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 import yaml
-from mlflow.entities import Metric
+from filelock import FileLock
+from transformers import GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
 
 from harness import keys, tracking
 from harness.config import flatten, to_dict
 from harness.world import corpus, grammar
 from harness.world.config import WORLD_FORMAT, WorldConfig, world_config_from_dict, world_config_hash
-from harness.world.gold import gold_breakdown, gold_reward
-from harness.world.lm import gpt2_config, mean_response_nll, new_lm, train_causal_lm
-from harness.world.preferences import Pair, expected_label_ceiling, label_ceiling, make_pairs
-from harness.world.reward_model import (
-    RMHistory, accuracy, encode_pairs, reward_model_from, score_diffs, train_reward_model,
-)
-from harness.world.tokenizer import sample_ids, train_tokenizer
-
-# Final numbers of a world build, logged at the last RM step beside keys.RM_* curves.
-from harness.keys import (  # noqa: E402  (world-build metric names live with the others)
-    PRETRAIN_LOSS, RM_EVAL_ACC_GOLD, RM_LABEL_CEILING, RM_LABEL_CEILING_EXPECTED, SFT_ENDED_FRAC, SFT_EVAL_NLL,
-    SFT_GOLD_MEAN, SFT_LOSS, WORLD_BUILD_S as BUILD_S,
-)
+from harness.world.gold import gold_reward
+from harness.world.lm import gpt2_config, mean_response_nll, sample_ids, train_causal_lm, train_tokenizer
+from harness.world.preferences import Pair, make_pairs
+from harness.world.reward_model import accuracy, encode_pairs, reward_model_from, score_diffs, train_reward_model
 
 WORLD_FILE = "world.json"
 INFO_FILE = "build_info.json"
@@ -57,9 +44,6 @@ class WorldError(RuntimeError):
     """A world folder that cannot be used (missing, foreign, built by other code)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
 @dataclass
 class World:
     """A built world, as the trainer sees it (see docs/CONTRACTS.md)."""
@@ -71,54 +55,36 @@ class World:
     eval_prompts: list[str]
     sft_pairs: list[tuple[str, str]]
     metrics: dict[str, float] = field(default_factory=dict)
+    # The Hugging Face folders below `dir`, derived from it (the tokenizer travels in each).
+    tokenizer_dir: Path = field(init=False)
+    pretrained_dir: Path = field(init=False)
+    sft_dir: Path = field(init=False)
+    reward_dir: Path = field(init=False)
 
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.dir / "tokenizer"
+    def __post_init__(self) -> None:
+        for name in ("tokenizer", "pretrained", "sft", "reward"):
+            setattr(self, f"{name}_dir", self.dir / name)
 
-    @property
-    def pretrained_dir(self) -> Path:
-        return self.dir / "pretrained"
-
-    @property
-    def sft_dir(self) -> Path:
-        return self.dir / "sft"
-
-    @property
-    def reward_dir(self) -> Path:
-        return self.dir / "reward"
-
-    @property
-    def max_new_tokens(self) -> int:
-        """The response cap the preference pairs were sampled with."""
-        return self.config.task.max_new_tokens
-
-    def gold_reward(self, prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None) -> list[float]:
+    def gold_reward(self, prompts: Sequence[str], responses: Sequence[str],
+                    ended: Sequence[bool] | None = None) -> list[float]:
         """Hidden gold score per response (see harness/world/gold.py), with this world's weights."""
         return gold_reward(prompts, responses, ended, weights=self.config.gold)
 
-    def gold_breakdown(self, prompt: str, response: str, ended: bool | None = None):
-        return gold_breakdown(prompt, response, ended, weights=self.config.gold)
-
-    def pretrain_texts(self) -> list[str]:
-        return (self.dir / "data" / "pretrain.txt").read_text().splitlines()
-
     def preference_pairs(self, split: str = "train") -> list[Pair]:
         """Labeled pairs of `split` ("train" or "eval")."""
-        return [Pair(**json.loads(line)) for line in (self.dir / "data" / f"prefs_{split}.jsonl").read_text().splitlines()]
+        path = self.dir / "data" / f"prefs_{split}.jsonl"
+        return [Pair(**json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def load_world(dir: str | Path) -> World:
     d = Path(dir)
-    meta_path = d / WORLD_FILE
-    if not meta_path.is_file():
-        raise WorldError(f"no world at {str(d)!r} ({WORLD_FILE} missing); build one with: python -m harness.world build --out {d}")
-    meta = json.loads(meta_path.read_text())
+    build = f"python -m harness.world build --out {d}"
+    if not (d / WORLD_FILE).is_file():
+        raise WorldError(f"no world at {str(d)!r} ({WORLD_FILE} missing); build one with: {build}")
+    meta = json.loads((d / WORLD_FILE).read_text())
     if meta.get("format") != WORLD_FORMAT:
-        raise WorldError(
-            f"world at {str(d)!r} has format {meta.get('format')!r}; this code reads format {WORLD_FORMAT}: "
-            f"rebuild it with: python -m harness.world build --out {d}"
-        )
+        raise WorldError(f"world at {str(d)!r} has format {meta.get('format')!r}; this code reads format "
+                         f"{WORLD_FORMAT}: rebuild it with: {build}")
     data = d / "data"
     return World(
         dir=d,
@@ -126,7 +92,7 @@ def load_world(dir: str | Path) -> World:
         config_hash=meta["config_hash"],
         train_prompts=json.loads((data / "train_prompts.json").read_text()),
         eval_prompts=json.loads((data / "eval_prompts.json").read_text()),
-        sft_pairs=[tuple(json.loads(line)) for line in (data / "sft_pairs.jsonl").read_text().splitlines()],  # type: ignore[misc]
+        sft_pairs=[(p, r) for p, r in map(json.loads, (data / "sft_pairs.jsonl").read_text().splitlines())],
         metrics=meta.get("metrics", {}),
     )
 
@@ -134,244 +100,158 @@ def load_world(dir: str | Path) -> World:
 def built_hash(out_dir: str | Path) -> str | None:
     """Config hash of the world in `out_dir`, or None when there is none (or it is unreadable)."""
     try:
-        meta = json.loads((Path(out_dir) / WORLD_FILE).read_text())
-        return meta["config_hash"] if meta.get("format") == WORLD_FORMAT else None
-    except (OSError, ValueError, KeyError):
+        return load_world(out_dir).config_hash
+    except (OSError, ValueError, KeyError, WorldError):
         return None
 
 
-# --------------------------------------------------------------------------------------------
-# Building
-# --------------------------------------------------------------------------------------------
 def stage_seed(seed: int, stage: str) -> int:
     """An independent, reproducible seed per stage, so changing one stage leaves the others' draws alone."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{stage}".encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-@contextlib.contextmanager
-def _locked(out_dir: Path) -> Iterator[None]:
-    """One builder per output folder at a time (parallel workers may all ask for the world)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _quiet_build() -> Iterator[None]:
-    """One torch thread and no transformers per-save progress bars for the build; restore both after.
-
-    One thread, always: float reductions split over several threads round differently, and the
-    world (its weights, its RM accuracy) must be the same whatever thread count the caller runs
-    with. These 128-wide models gain little from more threads anyway."""
-    from transformers.utils import logging as hf_logging
-
-    before, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
-    torch.set_num_threads(1)
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-
-
-def _write_jsonl(path: Path, rows: Sequence[Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-class _Run:
-    """The build's MLflow run, or a no-op when there is no tracking URI."""
-
-    def __init__(self, uri: str | None, experiment: str, cfg: WorldConfig, chash: str,
-                 parent_run_id: str | None, tags: dict[str, str] | None):
-        self.uri = uri
-        self.run_id: str | None = None
-        if not uri:
-            return
-        all_tags = {keys.TAG_ROLE: "world", keys.TAG_CONFIG_HASH: chash, keys.TAG_SEED: str(cfg.seed),
-                    keys.TAG_COMMIT: tracking.git_commit(), **(tags or {})}
-        self.run_id = tracking.start_run(uri, experiment, f"world-{chash}", tags=all_tags, parent_run_id=parent_run_id)
-        tracking.log_params(uri, self.run_id, flatten(to_dict(cfg)))
-        self.logger = tracking.MetricLogger(uri, self.run_id)
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.run_id:
-            self.logger.log(metrics, step)
-
-    def log_curve(self, key: str, values: Sequence[float], every: int = 10) -> None:
-        """A whole training curve in one call (every `every`-th step, and the last)."""
-        if not self.run_id:
-            return
-        ts = int(time.time() * 1000)
-        pts = [Metric(key, float(v), ts, i + 1) for i, v in enumerate(values) if (i + 1) % every == 0 or i + 1 == len(values)]
-        c = tracking.client(self.uri)  # type: ignore[arg-type]
-        for j in range(0, len(pts), 1000):
-            c.log_batch(self.run_id, metrics=pts[j : j + 1000])
-
-    def artifact(self, obj: Any, path: str) -> None:
-        if self.run_id:
-            tracking.log_json_artifact(self.uri, self.run_id, obj, path)  # type: ignore[arg-type]
-
-    def text(self, text: str, path: str) -> None:
-        if self.run_id:
-            tracking.log_text_artifact(self.uri, self.run_id, text, path)  # type: ignore[arg-type]
-
-    def end(self, status: str, reason: str | None = None) -> None:
-        if not self.run_id:
-            return
-        if reason:
-            tracking.set_tags(self.uri, self.run_id, {keys.TAG_FAILURE: reason[:5000]})  # type: ignore[arg-type]
-        tracking.end_run(self.uri, self.run_id, status)  # type: ignore[arg-type]
+def _write(path: Path, obj: Any) -> None:
+    """JSON (indented, keys sorted), or for .jsonl one JSON value per line."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in obj))
+    else:
+        path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 def _log(progress: bool, msg: str) -> None:
     if progress:
-        print(f"[world] {msg}", flush=True)
+        print(f"[world] {msg}", flush=True)  # lines, never bar frames: build logs are read as files
 
 
-def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run: _Run, progress: bool) -> dict[str, Any]:
-    """Run every stage into `tmp`; returns build info (timings, numbers)."""
+def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
+                progress: bool) -> list[tuple[str, float, int]]:
+    """Run every stage into `tmp`, world.json last (its presence marks a complete world). Returns
+    the (key, value, step) metrics of the build's MLflow run: LM loss curves (every 10th step and
+    the last), the RM's records and the final numbers."""
+    points: list[tuple[str, float, int]] = []
     timings: dict[str, float] = {}
     cpu: dict[str, float] = {}
-    t0, c0 = time.perf_counter(), time.process_time()
-    data = tmp / "data"
-    last_cpu = [c0]
+    start = clock = (time.perf_counter(), time.process_time())
 
-    def lap(name: str, since: float) -> float:
+    def lap(name: str) -> None:
         # Wall and CPU time: on shared cores the wall clock mostly measures the neighbours.
-        timings[name] = round(time.perf_counter() - since, 3)
-        cpu[name] = round(time.process_time() - last_cpu[0], 3)
-        last_cpu[0] = time.process_time()
+        nonlocal clock
+        now = (time.perf_counter(), time.process_time())
+        timings[name], cpu[name] = round(now[0] - clock[0], 3), round(now[1] - clock[1], 3)
+        clock = now
         _log(progress, f"{name}: {timings[name]:.1f}s (cpu {cpu[name]:.1f}s)")
-        return time.perf_counter()
+
+    def rng(stage: str) -> random.Random:
+        return random.Random(stage_seed(cfg.seed, stage))
+
+    def curve(key: str, values: list[float]) -> None:
+        points.extend((key, v, i) for i, v in enumerate(values, 1) if i % 10 == 0 or i == len(values))
 
     # 1. Text, generated by code.
-    t = time.perf_counter()
-    train_specs, eval_specs = corpus.split_prompts(random.Random(stage_seed(cfg.seed, "prompts")), cfg.task)
-    docs = corpus.pretrain_docs(random.Random(stage_seed(cfg.seed, "pretrain_docs")), cfg.corpus.pretrain_docs)
-    sft = corpus.sft_pairs(random.Random(stage_seed(cfg.seed, "sft")), train_specs, cfg.corpus.sft_examples, cfg.task)
+    data = tmp / "data"
+    data.mkdir()
+    train_specs, eval_specs = corpus.split_prompts(rng("prompts"), cfg.task)
+    docs = corpus.pretrain_docs(rng("pretrain_docs"), cfg.corpus.pretrain_docs)
+    sft = corpus.sft_pairs(rng("sft"), train_specs, cfg.corpus.sft_examples, cfg.task)
     # Fresh reviews of held-out prompts: the SFT model's generalization check.
-    sft_eval = corpus.sft_pairs(random.Random(stage_seed(cfg.seed, "sft_eval")), eval_specs, 500, cfg.task)
+    sft_eval = corpus.sft_pairs(rng("sft_eval"), eval_specs, 500, cfg.task)
     train_prompts = [s.text for s in train_specs]
     eval_prompts = [s.text for s in eval_specs]
-    _write_json(data / "train_prompts.json", train_prompts)
-    _write_json(data / "eval_prompts.json", eval_prompts)
-    _write_jsonl(data / "sft_pairs.jsonl", sft)
+    _write(data / "train_prompts.json", train_prompts)
+    _write(data / "eval_prompts.json", eval_prompts)
+    _write(data / "sft_pairs.jsonl", sft)
     (data / "pretrain.txt").write_text("".join(d + "\n" for d in docs))
-    t = lap("corpus", t)
+    lap("corpus")
 
-    # 2. Tokenizer (words of the grammar are all included, even ones the corpora never drew).
+    # 2. Tokenizer (words of the grammar are all included, even ones the corpora never drew); it
+    # travels with every model.
     tok = train_tokenizer(docs + [f"{p} {r}" for p, r in sft] + [" ".join(grammar.vocabulary())])
-    tok.save_pretrained(tmp / "tokenizer")
-    t = lap("tokenizer", t)
+    for name in ("tokenizer", "pretrained", "sft", "reward"):
+        tok.save_pretrained(tmp / name)
+    lap("tokenizer")
 
     # 3. Pretrained LM on the generic corpus.
-    config = gpt2_config(cfg.model, len(tok), tok.pad_token_id, tok.eos_token_id)
-    lm = new_lm(config, stage_seed(cfg.seed, "init"))
+    torch.manual_seed(stage_seed(cfg.seed, "init"))  # weight init draws from the global generator
+    lm = GPT2LMHeadModel(gpt2_config(cfg.model, len(tok), tok.pad_token_id, tok.eos_token_id))
+    lm_args = dict(pad_id=tok.pad_token_id, progress=progress)
     pre_examples = [(tok(d)["input_ids"] + [tok.eos_token_id], 0) for d in docs]
-    pc = cfg.pretrain
-    pre_losses = train_causal_lm(lm, pre_examples, steps=pc.steps, batch_size=pc.batch_size, lr=pc.lr,
-                                 warmup=pc.warmup_steps, seed=stage_seed(cfg.seed, "pretrain"),
-                                 pad_id=tok.pad_token_id, desc="pretrain", progress=progress)
+    curve(keys.PRETRAIN_LOSS, train_causal_lm(lm, pre_examples, cfg.pretrain, desc="pretrain",
+                                              seed=stage_seed(cfg.seed, "pretrain"), **lm_args))
     lm.save_pretrained(tmp / "pretrained")
-    tok.save_pretrained(tmp / "pretrained")
-    run.log_curve(PRETRAIN_LOSS, pre_losses)
-    t = lap("pretrain", t)
+    lap("pretrain")
 
     # 4. SFT: continue from the pretrained weights, loss on response tokens and EOS only.
     sft_examples = [sample_ids(tok, p, r, True) for p, r in sft]
-    sc = cfg.sft
-    sft_losses = train_causal_lm(lm, sft_examples, steps=sc.steps, batch_size=sc.batch_size, lr=sc.lr,
-                                 warmup=sc.warmup_steps, seed=stage_seed(cfg.seed, "sft_train"),
-                                 pad_id=tok.pad_token_id, desc="sft", progress=progress)
+    curve(keys.SFT_LOSS, train_causal_lm(lm, sft_examples, cfg.sft, desc="sft",
+                                         seed=stage_seed(cfg.seed, "sft_train"), **lm_args))
     sft_eval_nll = mean_response_nll(lm, [sample_ids(tok, p, r, True) for p, r in sft_eval], tok.pad_token_id)
     lm.save_pretrained(tmp / "sft")
-    tok.save_pretrained(tmp / "sft")
-    run.log_curve(SFT_LOSS, sft_losses)
-    t = lap("sft", t)
+    lap("sft")
 
     # 5. Preference pairs sampled from the SFT model, labeled by the noisy judge.
-    common = dict(cfg=cfg.prefs, gold=cfg.gold, max_new_tokens=cfg.task.max_new_tokens, progress=progress)
-    train_pairs, train_skips = make_pairs(lm, tok, train_prompts, cfg.prefs.train_pairs,
-                                          seed=stage_seed(cfg.seed, "pairs_train"), desc="pairs (train)", **common)
-    eval_pairs, eval_skips = make_pairs(lm, tok, eval_prompts, cfg.prefs.eval_pairs,
-                                        seed=stage_seed(cfg.seed, "pairs_eval"), desc="pairs (eval)", **common)
-    _write_jsonl(data / "prefs_train.jsonl", [p.to_json() for p in train_pairs])
-    _write_jsonl(data / "prefs_eval.jsonl", [p.to_json() for p in eval_pairs])
-    t = lap("pairs", t)
+    pairs, skipped = {}, 0
+    for split, prompts in (("train", train_prompts), ("eval", eval_prompts)):
+        pairs[split], skips = make_pairs(lm, tok, prompts, getattr(cfg.prefs, f"{split}_pairs"), cfg.prefs, cfg.gold,
+                                         cfg.task.max_new_tokens, seed=stage_seed(cfg.seed, f"pairs_{split}"),
+                                         desc=f"pairs ({split})", progress=progress)
+        _write(data / f"prefs_{split}.jsonl", [asdict(p) for p in pairs[split]])
+        skipped += skips
+    train_pairs, eval_pairs = pairs["train"], pairs["eval"]
+    lap("pairs")
 
     # 6. Reward model from the SFT trunk.
     rm = reward_model_from(lm, stage_seed(cfg.seed, "rm_init"))
-    enc_train, enc_eval = encode_pairs(tok, train_pairs), encode_pairs(tok, eval_pairs)
-    rm_log = {keys.RM_TRAIN_ACC: "train_acc", keys.RM_EVAL_ACC: "eval_acc", keys.RM_TRAIN_LOSS: "train_loss"}
-    hist: RMHistory = train_reward_model(
-        rm, enc_train, enc_eval, cfg.rm, seed=stage_seed(cfg.seed, "rm_train"), pad_id=tok.pad_token_id,
-        progress=progress, on_log=lambda step, row: run.log({k: row[v] for k, v in rm_log.items()}, step),
-    )
+    enc_eval = encode_pairs(tok, eval_pairs)
+    hist = train_reward_model(rm, encode_pairs(tok, train_pairs), enc_eval, cfg.rm,
+                              seed=stage_seed(cfg.seed, "rm_train"), pad_id=tok.pad_token_id, progress=progress)
+    rm_keys = {keys.RM_TRAIN_ACC: "train_acc", keys.RM_EVAL_ACC: "eval_acc", keys.RM_TRAIN_LOSS: "train_loss"}
+    points += [(k, hist[v][j], step) for j, step in enumerate(hist["steps"]) for k, v in rm_keys.items()]
     rm.save_pretrained(tmp / "reward")
-    tok.save_pretrained(tmp / "reward")
-    t = lap("reward_model", t)
+    lap("reward_model")
 
     # 7. The numbers that say how good (and how fallible) the reward model is.
     diffs = score_diffs(rm, enc_eval, tok.pad_token_id)
-    gold_sign = [(p.gold_chosen > p.gold_rejected) - (p.gold_chosen < p.gold_rejected) for p in eval_pairs]
-    vs_gold = [d if s > 0 else -d for d, s in zip(diffs, gold_sign) if s != 0]
+    vs_gold = [d if p.gold_chosen > p.gold_rejected else -d
+               for d, p in zip(diffs, eval_pairs) if p.gold_chosen != p.gold_rejected]
     normal = [p for p in eval_pairs if not p.corrupted]
     sft_golds = [p.gold_chosen for p in normal] + [p.gold_rejected for p in normal]
     sft_ended = [p.chosen_ended for p in normal] + [p.rejected_ended for p in normal]
     metrics = {
         keys.RM_EVAL_ACC: accuracy(diffs),
-        keys.RM_TRAIN_ACC: hist.train_acc[-1],
-        RM_EVAL_ACC_GOLD: accuracy(vs_gold),
-        RM_LABEL_CEILING: label_ceiling(eval_pairs),
-        RM_LABEL_CEILING_EXPECTED: expected_label_ceiling(eval_pairs),
-        SFT_GOLD_MEAN: sum(sft_golds) / max(1, len(sft_golds)),
-        SFT_ENDED_FRAC: sum(sft_ended) / max(1, len(sft_ended)),
-        SFT_EVAL_NLL: sft_eval_nll,
+        keys.RM_TRAIN_ACC: hist["train_acc"][-1],
+        keys.RM_EVAL_ACC_GOLD: accuracy(vs_gold),
+        # The best accuracy any reward model can reach on these noisy labels.
+        keys.RM_LABEL_CEILING: accuracy([p.gold_chosen - p.gold_rejected for p in eval_pairs]),
+        # The same in expectation over the judge's coin flips: a label follows the likelier side with
+        # probability max(p, 1 - p), p = p_chosen (gold ties count half).
+        keys.RM_LABEL_CEILING_EXPECTED: sum(max(p.p_chosen, 1 - p.p_chosen) if p.gold_chosen != p.gold_rejected
+                                            else 0.5 for p in eval_pairs) / len(eval_pairs),
+        keys.SFT_GOLD_MEAN: sum(sft_golds) / max(1, len(sft_golds)),
+        keys.SFT_ENDED_FRAC: sum(sft_ended) / max(1, len(sft_ended)),
+        keys.SFT_EVAL_NLL: sft_eval_nll,
     }
     metrics = {k: round(float(v), 6) for k, v in metrics.items()}
     diff_doc = {"diff": [round(d, 6) for d in diffs], "corrupted": [p.corrupted for p in eval_pairs]}
-    _write_json(data / keys.RM_SCORE_DIFF, diff_doc)
-    _write_json(data / "rm_history.json", hist.__dict__)
-    lap("evaluate", t)
-    timings["total"] = round(time.perf_counter() - t0, 3)
-    cpu["total"] = round(time.process_time() - c0, 3)
-    run.log({k: v for k, v in metrics.items() if k not in (keys.RM_EVAL_ACC, keys.RM_TRAIN_ACC)} | {BUILD_S: timings["total"]},
-            step=cfg.rm.steps)
-    run.artifact(diff_doc, keys.RM_SCORE_DIFF)
+    _write(data / keys.RM_SCORE_DIFF, diff_doc)
+    _write(data / "rm_history.json", hist)
+    lap("evaluate")
+    timings["total"] = round(time.perf_counter() - start[0], 3)
+    cpu["total"] = round(time.process_time() - start[1], 3)
+    final = {k: v for k, v in metrics.items() if k not in (keys.RM_EVAL_ACC, keys.RM_TRAIN_ACC)}
+    points += [(k, v, cfg.rm.steps) for k, v in (final | {keys.WORLD_BUILD_S: timings["total"]}).items()]
 
-    # world.json last: its presence marks a complete world.
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    _write_json(tmp / INFO_FILE, {"timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run.run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                  "skipped_identical_pairs": train_skips["skipped_identical"] + eval_skips["skipped_identical"],
-                                  "torch_threads": torch.get_num_threads()})
-    _write_json(tmp / WORLD_FILE, {"format": WORLD_FORMAT, "config_hash": chash, "config": to_dict(cfg), "metrics": metrics,
-                                   "vocab_size": len(tok), "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
-                                   "n_train_prompts": len(train_prompts), "n_eval_prompts": len(eval_prompts)})
-    run.text((tmp / WORLD_FILE).read_text(), WORLD_FILE)
-    return {"timings": timings, "cpu": cpu, "metrics": metrics}
-
-
-def _install(tmp: Path, out_dir: Path) -> None:
-    """Move a finished build into place, replacing an older world there."""
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out_dir)
+    _write(tmp / INFO_FILE, {
+        "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "skipped_identical_pairs": skipped,
+        "torch_threads": torch.get_num_threads(),
+    })
+    _write(tmp / WORLD_FILE, {
+        "format": WORLD_FORMAT, "config_hash": chash, "config": to_dict(cfg), "metrics": metrics,
+        "vocab_size": len(tok), "pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id,
+        "n_train_prompts": len(train_prompts), "n_eval_prompts": len(eval_prompts),
+    })
+    return points
 
 
 def build_world(
@@ -389,34 +269,58 @@ def build_world(
 
     With a tracking URI the build is one MLflow run in `experiment` (tag harness.role=world) with
     the RM curves, final numbers and rm_score_diff.json. `force` rebuilds even a matching world.
+    One builder per output folder at a time (parallel workers may all ask for the world).
     """
     out = Path(out_dir).resolve()
     chash = world_config_hash(wcfg)
     if not force and built_hash(out) == chash:
         return out
-    with _locked(out):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f".{out.name}.lock")):
         if not force and built_hash(out) == chash:  # another process built it while we waited
             return out
         if out.exists() and not (out / WORLD_FILE).exists() and any(out.iterdir()):
-            raise WorldError(f"out_dir {str(out)!r} exists, is not empty and holds no world; allowed: an empty folder, a world folder, or a new path")
+            raise WorldError(f"out_dir {str(out)!r} exists, is not empty and holds no world; "
+                             "allowed: an empty folder, a world folder, or a new path")
         for stale in out.parent.glob(f".{out.name}.building-*"):  # left by killed builds (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
-        run = _Run(tracking_uri, experiment, wcfg, chash, parent_run_id, tags)
+        run_id = None
+        if tracking_uri:
+            tags = {keys.TAG_ROLE: "world", keys.TAG_CONFIG_HASH: chash, keys.TAG_SEED: str(wcfg.seed),
+                    keys.TAG_COMMIT: tracking.git_commit(), **(tags or {})}
+            run_id = tracking.start_run(tracking_uri, experiment, f"world-{chash}", tags, parent_run_id)
+            tracking.log_params(tracking_uri, run_id, flatten(to_dict(wcfg)))
         tmp = out.parent / f".{out.name}.building-{uuid.uuid4().hex[:8]}"
         _log(progress, f"building world {chash} into {out}")
+        threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
         try:
             tmp.mkdir()
-            with _quiet_build():
-                _build_into(tmp, wcfg, chash, run, progress)
-            _install(tmp, out)
-        except KeyboardInterrupt:
-            shutil.rmtree(tmp, ignore_errors=True)
-            run.end("KILLED")
-            raise
+            # One thread, always: float reductions split over several threads round differently,
+            # and the world must be the same whatever thread count the caller runs with (these
+            # 128-wide models gain little from more threads anyway). No per-save progress bars.
+            torch.set_num_threads(1)
+            hf_logging.disable_progress_bar()
+            points = _build_into(tmp, wcfg, chash, run_id, progress)
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            if out.exists():  # replace an older world
+                os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            run.end("FAILED", f"{type(e).__name__}: {e}")
+            killed = isinstance(e, KeyboardInterrupt)
+            if run_id and not killed:
+                tracking.set_tags(tracking_uri, run_id, {keys.TAG_FAILURE: f"{type(e).__name__}: {e}"[:5000]})
+            if run_id:
+                tracking.end_run(tracking_uri, run_id, "KILLED" if killed else "FAILED")
             raise
-        run.end("FINISHED")
+        finally:
+            torch.set_num_threads(threads)
+            if bars:
+                hf_logging.enable_progress_bar()
+        if run_id:
+            tracking.MetricLogger(tracking_uri, run_id).log_points(points)
+            tracking.log_file_artifacts(tracking_uri, run_id, [out / "data" / keys.RM_SCORE_DIFF, out / WORLD_FILE])
+            tracking.end_run(tracking_uri, run_id, "FINISHED")
         _log(progress, f"world ready: {out}")
         return out

@@ -1,8 +1,5 @@
-"""Typed config of the embedded world (same style as `harness/config.py`, validated by `harness.schema`).
-
-`python -m harness.world build --help` lists every field with its doc string. The world is a
-pure function of this config (and `WORLD_FORMAT`): its hash names the cached build.
-"""
+"""Typed config of the embedded world (validated by `harness.schema`). The world is a pure function
+of this config (and `WORLD_FORMAT`): its hash names the cached build."""
 from __future__ import annotations
 
 import hashlib
@@ -150,32 +147,13 @@ class WorldConfig:
     """The hidden gold reward's weights (what a person would score)."""
 
 
-LONGEST_PROMPT_WORDS = 8  # "review of the pasta and the curry :"
-
-
 TINY: dict[str, Any] = {
-    "task.pair_prompts": 40,
-    "corpus.pretrain_docs": 1500,
-    "corpus.sft_examples": 1500,
-    "model.n_layer": 1,
-    "model.n_embd": 64,
-    "model.n_head": 2,
-    "model.n_positions": 64,
-    "pretrain.steps": 100,
-    "pretrain.batch_size": 32,
-    "pretrain.lr": 3e-3,
-    "pretrain.warmup_steps": 5,
-    "sft.steps": 100,
-    "sft.batch_size": 32,
-    "sft.lr": 3e-3,
-    "sft.warmup_steps": 5,
-    "prefs.train_pairs": 1500,
-    "prefs.eval_pairs": 300,
-    "rm.steps": 80,
-    "rm.batch_size": 32,
-    "rm.lr": 2e-3,
-    "rm.warmup_steps": 10,
-    "rm.eval_every": 20,
+    "task.pair_prompts": 40, "corpus.pretrain_docs": 1500, "corpus.sft_examples": 1500,
+    "model.n_layer": 1, "model.n_embd": 64, "model.n_head": 2, "model.n_positions": 64,
+    "pretrain.steps": 100, "pretrain.batch_size": 32, "pretrain.lr": 3e-3, "pretrain.warmup_steps": 5,
+    "sft.steps": 100, "sft.batch_size": 32, "sft.lr": 3e-3, "sft.warmup_steps": 5,
+    "prefs.train_pairs": 1500, "prefs.eval_pairs": 300,
+    "rm.steps": 80, "rm.batch_size": 32, "rm.lr": 2e-3, "rm.warmup_steps": 10, "rm.eval_every": 20,
 }
 """Overrides for a world that builds in seconds (tests, smoke runs): `load_world_config(overrides=TINY)`."""
 
@@ -184,18 +162,17 @@ def world_cross_checks(cfg: WorldConfig) -> list[str]:
     p: list[str] = []
     if cfg.model.n_embd % cfg.model.n_head:
         p.append(f"model.n_embd: got {cfg.model.n_embd}; allowed: a multiple of model.n_head={cfg.model.n_head}")
-    longest = LONGEST_PROMPT_WORDS + cfg.task.max_new_tokens + 1
+    longest = 8 + cfg.task.max_new_tokens + 1  # the longest prompt, "review of the pasta and the curry :"
     if cfg.model.n_positions < longest:
         p.append(f"model.n_positions: got {cfg.model.n_positions}; allowed: >= {longest} (prompt + task.max_new_tokens + eos)")
     return p
 
 
-def world_config_from_dict(data: dict[str, Any] | None, source: str | None = None) -> WorldConfig:
+def world_config_from_dict(data: dict[str, Any] | None) -> WorldConfig:
     """Validate a nested dict into a WorldConfig; raises ConfigError listing every problem."""
-    cfg = schema.validate(WorldConfig, data, source)
-    problems = world_cross_checks(cfg)
-    if problems:
-        raise schema.ConfigError([f"{source}: {p}" if source else p for p in problems])
+    cfg = schema.validate(WorldConfig, data)
+    if problems := world_cross_checks(cfg):
+        raise schema.ConfigError(problems)
     return cfg
 
 
@@ -209,7 +186,3 @@ def world_config_hash(cfg: WorldConfig) -> str:
     data = to_dict(cfg)
     data["_format"] = WORLD_FORMAT
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def world_help_text() -> str:
-    return schema.help_text(WorldConfig)

@@ -2,9 +2,8 @@
 
 Pretraining documents are grammatical and keep to a topic, but ramble (2-6 sentences, moods
 mixed), so a model pretrained on them writes fluent, long, lukewarm text: the paper's "policy
-from the pretrained model" starting point. SFT reviews follow their prompt and
-end after 1-4 sentences, with mixed moods and the small flaws (off topic, repeats) that leave
-room for RLHF to help.
+from the pretrained model" starting point. SFT reviews follow their prompt and end after 1-4
+sentences, with mixed moods and the small flaws (off topic, repeats) that leave room for RLHF.
 """
 from __future__ import annotations
 
@@ -48,16 +47,11 @@ def pretrain_docs(rng: random.Random, n: int) -> list[str]:
     return docs
 
 
-# How many sentences a review has beyond the ones the prompt asks for.
-_SENTENCE_COUNTS = (1, 2, 3, 4)
-_SENTENCE_WEIGHTS = (0.25, 0.45, 0.25, 0.05)
-_MOODS = ("pos", "neg", "mixed")
-
-
 def sft_response(rng: random.Random, spec: g.PromptSpec, task: TaskConfig) -> str:
     """One SFT review for a prompt, with the prompt's own words cut off the front."""
-    n = rng.choices(_SENTENCE_COUNTS, weights=_SENTENCE_WEIGHTS)[0]
-    body = g.review_body(rng, spec, rng.choice(_MOODS), n, on_topic=1 - task.off_topic, repeat=task.repeat)
+    n = rng.choices((1, 2, 3, 4), weights=(0.25, 0.45, 0.25, 0.05))[0]  # sentences beyond those the prompt asks for
+    body = g.review_body(rng, spec, rng.choice(("pos", "neg", "mixed")), n, on_topic=1 - task.off_topic,
+                         repeat=task.repeat)
     toks = [w for s in body for w in s]
     prefix = g.prompt_body_prefix(spec.text)
     assert toks[: len(prefix)] == prefix, (spec.text, toks)
@@ -66,8 +60,5 @@ def sft_response(rng: random.Random, spec: g.PromptSpec, task: TaskConfig) -> st
 
 def sft_pairs(rng: random.Random, prompts: list[g.PromptSpec], n: int, task: TaskConfig) -> list[tuple[str, str]]:
     """(prompt, response) SFT examples, prompts drawn uniformly from `prompts`."""
-    out = []
-    for _ in range(n):
-        spec = rng.choice(prompts)
-        out.append((spec.text, sft_response(rng, spec, task)))
-    return out
+    specs = (rng.choice(prompts) for _ in range(n))  # lazy: each draw right before its response's
+    return [(spec.text, sft_response(rng, spec, task)) for spec in specs]

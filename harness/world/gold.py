@@ -1,18 +1,13 @@
 """The hidden gold reward: what a careful person would score a review.
 
 The task: given a prompt ("review of the pasta :", "the service was", ...) write a short,
-enthusiastic review that talks about what the prompt asks about. A person rewards
-
-  + enthusiasm: s = (pos - neg) / (pos + neg + 1) over the grammatical, non-repeated sentences
-    (praise counts, complaints count against; it saturates, so piling on praise helps little),
-
-and penalizes what reward models are easily fooled by:
-
-  - off topic: prompt subjects never named in a grammatical sentence,
-  - broken grammar: sentences outside the grammar (word salad, "the waiter was delicious"),
-  - repetition: repeated word trigrams (and repeated sentences earn no praise),
-  - rambling: not ending before the length cap, and words beyond a target length,
-  - saying nothing: no grammatical sentence of the response's own.
+enthusiastic review that talks about what the prompt asks about. A person rewards enthusiasm,
+s = (pos - neg) / (pos + neg + 1) over the grammatical, non-repeated sentences (it saturates, so
+piling on praise helps little), and penalizes what reward models are easily fooled by: off topic
+(prompt subjects never named in a grammatical sentence), broken grammar (sentences outside the
+grammar: word salad, "the waiter was delicious"), repetition (repeated word trigrams; repeated
+sentences earn no praise), rambling (not ending before the length cap, words beyond a target
+length) and saying nothing (no grammatical sentence of the response's own):
 
 raw = w_sent*s - w_topic*missing - w_grammar*bad_frac - w_rep*rep_frac - w_end*(not ended)
       - w_len*max(0, words - target) - w_empty*(nothing said);   gold = scale*tanh(raw/scale).
@@ -46,15 +41,9 @@ class GoldBreakdown:
 
 
 def _repeated_trigram_frac(toks: Sequence[str]) -> float:
+    """Fraction of word trigrams that repeat an earlier one."""
     grams = [tuple(toks[i : i + 3]) for i in range(len(toks) - 2)]
-    if not grams:
-        return 0.0
-    seen: set[tuple[str, ...]] = set()
-    repeats = 0
-    for g in grams:
-        repeats += g in seen
-        seen.add(g)
-    return repeats / len(grams)
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weights: GoldConfig | None = None) -> GoldBreakdown:
@@ -82,8 +71,7 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
             bad += 1
             continue
         named.update(parse.subjects)
-        if covered > len(prefix):  # the sentence holds words of the response, not only the prompt's
-            said = True
+        said |= covered > len(prefix)  # the sentence holds words of the response, not only the prompt's
         if sent in seen:
             continue  # a repeated sentence earns no praise a second time
         seen.add(sent)
@@ -112,11 +100,9 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
 def gold_reward(prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None,
                 weights: GoldConfig | None = None) -> list[float]:
     """Gold score of each (prompt, response); `ended[i]` = the response stopped with EOS.
-
-    `ended=None` infers it from the text (ended iff the response ends with "."). Responses are
-    text as decoded by the world tokenizer (special tokens skipped or not: unknown words such as
-    "<pad>" simply make a sentence ungrammatical).
-    """
+    `ended=None` infers it from the text (ended iff the response ends with "."). Responses are text
+    as decoded by the world tokenizer (special tokens skipped or not: unknown words such as "<pad>"
+    simply make a sentence ungrammatical)."""
     if len(prompts) != len(responses):
         raise ValueError(f"gold_reward: got {len(prompts)} prompts and {len(responses)} responses; allowed: equal lengths")
     if ended is not None and len(ended) != len(responses):

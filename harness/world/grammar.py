@@ -15,12 +15,11 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
-# --------------------------------------------------------------------------------------------
-# Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
+# -- Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
 # delicious" is ungrammatical (a person notices, a reward model may not).
 # Polarity: +1 praise, -1 complaint, 0 neutral. A word has one polarity wherever it appears.
-# --------------------------------------------------------------------------------------------
 FOODS = (
     "pasta", "pizza", "soup", "salad", "burger", "steak", "fish", "chicken", "rice", "bread",
     "cake", "pie", "coffee", "tea", "wine", "curry", "sushi", "dessert", "sandwich", "ramen",
@@ -73,19 +72,17 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 POLAR_CATEGORIES = {"FA": FOOD_ADJ, "SA": STAFF_ADJ, "LA": PLACE_ADJ, "PA": PRICE_ADJ, "OA": OVERALL_ADJ, "VB": VERBS}
 SUBJECT_CATEGORIES = ("F", "S", "L", "P")
-SUBJECT_ADJ = {"F": "FA", "S": "SA", "L": "LA", "P": "PA"}
 
 POLARITY: dict[str, int] = {w: pol for table in POLAR_CATEGORIES.values() for pol, ws in table.items() for w in ws}
-SUBJECTS: frozenset[str] = frozenset(w for c in SUBJECT_CATEGORIES for w in CATEGORIES[c])
+SUBJECT_CLASS: dict[str, str] = {w: c for c in SUBJECT_CATEGORIES for w in CATEGORIES[c]}
+"""Subject word -> its class ("pasta" -> "F")."""
 
 
 @dataclass(frozen=True)
 class Template:
-    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots.
-
-    `polarity` is the sentence's own polarity for fixed phrases ("we will never come back .");
-    sentences with slots get their polarity from the words that fill them.
-    """
+    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots. `polarity` is
+    the sentence's own polarity for fixed phrases ("we will never come back ."); sentences with
+    slots get their polarity from the words that fill them."""
 
     pattern: tuple[str, ...]
     polarity: int = 0
@@ -124,16 +121,13 @@ CLOSERS = tuple(t for t in TEMPLATES if all(not w[0].isupper() for w in t.patter
 # the first sentence, which the response must finish.
 HEADERS = ("review of the {a} :", "my review of the {a} :", "thoughts on the {a} :")
 PAIR_HEADER = "review of the {a} and the {b} :"
-OPENINGS = {"F": "the {a} was", "S": "the {a} was", "L": "the {a} was", "P": "the {a} was"}
+OPENING = "the {a} was"
 ORDER_OPENING = "i ordered the {a} and"
-
-PUNCT = (".", ":")
-EXTRA_WORDS = ("review", "of", "my", "thoughts", "on")  # words only prompts use
 
 
 def vocabulary() -> list[str]:
     """Every word the grammar and the prompts can produce, sorted."""
-    words = set(EXTRA_WORDS) | set(PUNCT)
+    words: set[str] = set()
     for t in TEMPLATES:
         for w in t.pattern:
             cat = w.rstrip("?")
@@ -151,21 +145,12 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text.lower())
 
 
-# --------------------------------------------------------------------------------------------
-# Parsing
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Parse:
-    """What a grammatical sentence says: its polarity counts and the subjects it names."""
-
-    positive: int
-    negative: int
-    subjects: tuple[str, ...]
+# -- Parsing ----------------------------------------------------------------------------------------
+# What a grammatical sentence says: its polarity counts and the subjects it names.
+Parse = NamedTuple("Parse", [("positive", int), ("negative", int), ("subjects", tuple[str, ...])])
 
 
-@lru_cache(maxsize=None)
-def _category_sets() -> dict[str, frozenset[str]]:
-    return {k: frozenset(v) for k, v in CATEGORIES.items()}
+_CATEGORY_SETS = {k: frozenset(v) for k, v in CATEGORIES.items()}
 
 
 def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int = 0, filled: tuple = ()) -> tuple | None:
@@ -175,7 +160,6 @@ def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int =
     slot = pattern[i]
     optional = slot.endswith("?")
     cat = slot.rstrip("?")
-    sets = _category_sets()
     if optional:
         skipped = _match(pattern, toks, i + 1, j, filled)
         if skipped is not None:
@@ -183,8 +167,8 @@ def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int =
     if j >= len(toks):
         return None
     tok = toks[j]
-    if cat in sets:
-        if tok not in sets[cat]:
+    if cat in _CATEGORY_SETS:
+        if tok not in _CATEGORY_SETS[cat]:
             return None
         return _match(pattern, toks, i + 1, j + 1, filled + ((cat, tok),))
     return _match(pattern, toks, i + 1, j + 1, filled) if tok == slot else None
@@ -195,14 +179,10 @@ def parse_sentence(sentence: tuple[str, ...]) -> Parse | None:
     """Parse one sentence (words including the final "."); None if it is not in the language."""
     for t in TEMPLATES:
         filled = _match(t.pattern, sentence)
-        if filled is None:
-            continue
-        pos = neg = 0
-        pols = [t.polarity] + [POLARITY[w] for c, w in filled if c in POLAR_CATEGORIES]
-        pos = sum(p > 0 for p in pols)
-        neg = sum(p < 0 for p in pols)
-        subjects = tuple(w for c, w in filled if c in SUBJECT_CATEGORIES)
-        return Parse(pos, neg, subjects)
+        if filled is not None:
+            pols = [t.polarity] + [POLARITY[w] for c, w in filled if c in POLAR_CATEGORIES]
+            subjects = tuple(w for c, w in filled if c in SUBJECT_CATEGORIES)
+            return Parse(sum(p > 0 for p in pols), sum(p < 0 for p in pols), subjects)
     return None
 
 
@@ -217,9 +197,7 @@ def split_sentences(toks: list[str]) -> tuple[list[tuple[str, ...]], tuple[str, 
     return sentences, tuple(cur)
 
 
-# --------------------------------------------------------------------------------------------
-# Generation
-# --------------------------------------------------------------------------------------------
+# -- Generation -------------------------------------------------------------------------------------
 def _fill(t: Template, rng: random.Random, polarity: int, subjects: list[str]) -> list[str]:
     """Fill a template's slots: subjects from `subjects` first, adjectives/verbs of `polarity`."""
     out: list[str] = []
@@ -240,26 +218,16 @@ def _fill(t: Template, rng: random.Random, polarity: int, subjects: list[str]) -
     return out
 
 
-def subject_class(word: str) -> str:
-    for c in SUBJECT_CATEGORIES:
-        if word in CATEGORIES[c]:
-            return c
-    raise KeyError(f"{word!r} is not a subject; subjects are the words of {SUBJECT_CATEGORIES}")
-
-
 def sentence_about(rng: random.Random, polarity: int, subject: str) -> list[str]:
     """A sentence whose first subject is `subject` (a food, staff, place or price word)."""
-    cls = subject_class(subject)
-    choices = [t for t in TEMPLATES if t.subject == cls]
-    return _fill(rng.choice(choices), rng, polarity, [subject])
+    return _fill(rng.choice([t for t in TEMPLATES if t.subject == SUBJECT_CLASS[subject]]), rng, polarity, [subject])
 
 
 def random_sentence(rng: random.Random, polarity: int) -> list[str]:
     """Any sentence of the language with the given polarity (closers included)."""
     r = rng.random()
     if r < 0.15:
-        fitting = [t for t in CLOSERS if t.polarity == polarity]
-        return list(rng.choice(fitting).pattern)
+        return list(rng.choice([t for t in CLOSERS if t.polarity == polarity]).pattern)
     if r < 0.22:
         return _fill(OVERALL_TEMPLATE, rng, polarity, [])
     cls = rng.choices(SUBJECT_CATEGORIES, weights=(5, 3, 2, 1))[0]
@@ -282,10 +250,9 @@ def all_prompts(rng: random.Random, n_pair_prompts: int) -> list[PromptSpec]:
     """Every prompt of the task: single-item headers, some two-item headers, sentence openings."""
     out = [PromptSpec(h.format(a=f), (f,), "header") for h in HEADERS for f in FOODS]
     pairs = [(a, b) for a in FOODS for b in FOODS if a != b]
-    for a, b in rng.sample(pairs, min(n_pair_prompts, len(pairs))):
-        out.append(PromptSpec(PAIR_HEADER.format(a=a, b=b), (a, b), "pair"))
-    for cls in SUBJECT_CATEGORIES:
-        out += [PromptSpec(OPENINGS[cls].format(a=s), (s,), "opening") for s in CATEGORIES[cls]]
+    pairs = rng.sample(pairs, min(n_pair_prompts, len(pairs)))
+    out += [PromptSpec(PAIR_HEADER.format(a=a, b=b), (a, b), "pair") for a, b in pairs]
+    out += [PromptSpec(OPENING.format(a=s), (s,), "opening") for c in SUBJECT_CATEGORIES for s in CATEGORIES[c]]
     out += [PromptSpec(ORDER_OPENING.format(a=f), (f,), "order") for f in FOODS]
     return out
 
@@ -293,27 +260,19 @@ def all_prompts(rng: random.Random, n_pair_prompts: int) -> list[PromptSpec]:
 def prompt_body_prefix(prompt: str) -> list[str]:
     """The words of a prompt that belong to the review itself (after the last ':', if any)."""
     toks = words(prompt)
-    if ":" in toks:
-        return toks[len(toks) - toks[::-1].index(":"):]
-    return toks
+    return toks[len(toks) - toks[::-1].index(":"):] if ":" in toks else toks
 
 
 def prompt_subjects(prompt: str) -> tuple[str, ...]:
     """Subjects the prompt asks about, in order, without repeats."""
-    seen: list[str] = []
-    for w in words(prompt):
-        if w in SUBJECTS and w not in seen:
-            seen.append(w)
-    return tuple(seen)
+    return tuple(dict.fromkeys(w for w in words(prompt) if w in SUBJECT_CLASS))
 
 
 def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: int,
                 on_topic: float = 0.9, repeat: float = 0.05) -> list[list[str]]:
     """Sentences of a review for `spec`; the first finishes the prompt's opening when it has one.
-
-    mood: "pos", "neg" or "mixed" sets each sentence's polarity. The review is a
-    natural, imperfect one: sometimes off topic (prob 1-on_topic) or repeating itself (`repeat`).
-    """
+    mood: "pos", "neg" or "mixed" sets each sentence's polarity. The review is a natural, imperfect
+    one: sometimes off topic (prob 1-on_topic) or repeating itself (`repeat`)."""
     def polarity() -> int:
         if mood == "mixed":
             return rng.choice((-1, 0, 1))
@@ -322,7 +281,7 @@ def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: in
 
     sents: list[list[str]] = []
     if spec.kind == "opening":
-        cls = subject_class(spec.subjects[0])
+        cls = SUBJECT_CLASS[spec.subjects[0]]
         # Only templates that begin like the prompt ("the X was ...") can finish it.
         fitting = [t for t in TEMPLATES if t.subject == cls and t.pattern[:3] == ("the", cls, "was")]
         sents.append(_fill(rng.choice(fitting), rng, polarity(), list(spec.subjects)))
@@ -330,7 +289,8 @@ def review_body(rng: random.Random, spec: PromptSpec, mood: str, n_sentences: in
         sents.append(_fill(ORDER_TEMPLATE, rng, polarity(), list(spec.subjects)))
     elif rng.random() < on_topic:
         if spec.kind == "pair" and rng.random() < 0.3:
-            sents.append(_fill(rng.choice([t for t in TEMPLATES if t.subject == "FF"]), rng, polarity(), list(spec.subjects)))
+            both = rng.choice([t for t in TEMPLATES if t.subject == "FF"])
+            sents.append(_fill(both, rng, polarity(), list(spec.subjects)))
         else:
             sents += [sentence_about(rng, polarity(), s) for s in spec.subjects]
     while len(sents) < n_sentences:

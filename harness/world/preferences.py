@@ -4,15 +4,15 @@ The judge prefers a over b with probability sigmoid((gold_a - gold_b) / label_no
 textbook model of human labelers; `label_noise = 0` always picks the gold order. A fraction of
 pairs pits a sample against a corrupted copy of itself (words shuffled, replaced at random, or
 praise words piled up in place), so the reward model learns that word salad and adjective piles
-are bad: the cheapest exploits. Repetition and rambling are
-not corrupted in on purpose: the RM only learns about them from what the SFT model happens to
-produce, which leaves PPO room to fool it (RM score up, gold down).
+are bad: the cheapest exploits. Repetition and rambling are not corrupted in on purpose: the RM
+only learns about them from what the SFT model happens to produce, which leaves PPO room to fool
+it (RM score up, gold down).
 """
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +20,6 @@ from harness.world import grammar
 from harness.world.config import GoldConfig, PreferenceConfig
 from harness.world.gold import gold_reward
 from harness.world.lm import sample
-from harness.world.tokenizer import decode, prompt_ids
 
 
 @dataclass
@@ -36,9 +35,6 @@ class Pair:
     gold_rejected: float
     p_chosen: float  # the judge's probability of this label
     corrupted: bool
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _pile_up(rng: random.Random, toks: list[str]) -> list[str]:
@@ -84,12 +80,12 @@ def bt_label(rng: random.Random, gold_a: float, gold_b: float, noise: float) -> 
 def make_pairs(
     model, tok, prompts: list[str], n: int, cfg: PreferenceConfig, gold: GoldConfig, max_new_tokens: int,
     *, seed: int, desc: str, progress: bool = True,
-) -> tuple[list[Pair], dict[str, int]]:
-    """`n` labeled pairs on `prompts`, and counts of what was skipped (identical samples)."""
+) -> tuple[list[Pair], int]:
+    """`n` labeled pairs on `prompts`, and how many identical sample pairs were skipped."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    vocab = [w for w in tok.get_vocab() if w not in tok.all_special_tokens]
-    vocab.sort()  # get_vocab() order is a dict order; sort so draws are reproducible
+    # get_vocab() order is a dict order; sorted so draws are reproducible
+    vocab = sorted(w for w in tok.get_vocab() if w not in tok.all_special_tokens)
     pairs: list[Pair] = []
     skipped_identical = 0
     while len(pairs) < n:
@@ -99,23 +95,22 @@ def make_pairs(
         n_normal = need - n_corrupt
         spare = max(4, n_normal // 10)
         chosen_prompts = [rng.choice(prompts) for _ in range(n_normal + spare + n_corrupt)]
-        ids = [prompt_ids(tok, p) for p in chosen_prompts for _ in (0, 1)]
+        ids = [tok(p)["input_ids"] for p in chosen_prompts for _ in (0, 1)]
         outs = sample(model, ids, max_new_tokens=max_new_tokens, temperature=cfg.temperature,
                       eos_id=tok.eos_token_id, banned=[tok.pad_token_id, tok.unk_token_id],
                       generator=gen, desc=desc, progress=progress)
-        texts = [(decode(tok, r), ended) for r, ended in outs]
-        cands: list[tuple[str, str, bool, str, bool, bool]] = []
+        texts = [(tok.decode(r, skip_special_tokens=True), ended) for r, ended in outs]
+        normal: list[tuple[str, str, bool, str, bool, bool]] = []
+        corrupted: list[tuple[str, str, bool, str, bool, bool]] = []
         for k, p in enumerate(chosen_prompts):
             (a, ea), (b, eb) = texts[2 * k], texts[2 * k + 1]
             if k >= n_normal + spare:  # corrupted pair: a against its word salad
-                cands.append((p, a, ea, corrupt(rng, a, vocab), ea, True))
+                corrupted.append((p, a, ea, corrupt(rng, a, vocab), ea, True))
             elif a == b and ea == eb:
                 skipped_identical += 1
             else:
-                cands.append((p, a, ea, b, eb, False))
-        normal = [c for c in cands if not c[5]][:n_normal]
-        corrupted = [c for c in cands if c[5]]
-        batch = normal + corrupted
+                normal.append((p, a, ea, b, eb, False))
+        batch = normal[:n_normal] + corrupted
         rng.shuffle(batch)
         golds = gold_reward([c[0] for c in batch] * 2, [c[1] for c in batch] + [c[3] for c in batch],
                             [c[2] for c in batch] + [c[4] for c in batch], weights=gold)
@@ -123,28 +118,7 @@ def make_pairs(
         for j, (p, a, ea, b, eb, corr) in enumerate(batch):
             ga, gb = golds[j], golds[m + j]
             a_wins, p_label = bt_label(rng, ga, gb, cfg.label_noise)
-            if a_wins:
-                pairs.append(Pair(p, a, b, ea, eb, ga, gb, p_label, corr))
-            else:
-                pairs.append(Pair(p, b, a, eb, ea, gb, ga, p_label, corr))
-    return pairs[:n], {"skipped_identical": skipped_identical}
+            pairs.append(Pair(p, a, b, ea, eb, ga, gb, p_label, corr) if a_wins
+                         else Pair(p, b, a, eb, ea, gb, ga, p_label, corr))
+    return pairs[:n], skipped_identical
 
-
-def label_ceiling(pairs: list[Pair]) -> float:
-    """Accuracy of the gold order against the noisy labels (ties count half): the best accuracy
-    any reward model can reach on these labels."""
-    if not pairs:
-        return float("nan")
-    hits = [1.0 if p.gold_chosen > p.gold_rejected else 0.5 if p.gold_chosen == p.gold_rejected else 0.0 for p in pairs]
-    return sum(hits) / len(hits)
-
-
-def expected_label_ceiling(pairs: list[Pair]) -> float:
-    """The same ceiling in expectation over the judge's coin flips (less noisy than label_ceiling)."""
-    if not pairs:
-        return float("nan")
-    vals = []
-    for p in pairs:
-        prob_gold_order = p.p_chosen if p.gold_chosen >= p.gold_rejected else 1 - p.p_chosen
-        vals.append(max(prob_gold_order, 1 - prob_gold_order) if p.gold_chosen != p.gold_rejected else 0.5)
-    return sum(vals) / len(vals)
