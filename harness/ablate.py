@@ -33,7 +33,7 @@ from . import summary as S
 from . import tracking
 from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
 from .registry import (
-    Registry, UnknownAblation, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
+    Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .tracking import redact
@@ -529,7 +529,7 @@ def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
 def load_grid(args: argparse.Namespace, name: str) -> Registry:
     """The registry `name` (a path or a name under ablations/) with the options of add_grid_args;
     raises ConfigError or UnknownAblation."""
-    return load_registry(find_ablation(name), scale=args.scale, seeds=parse_seeds(args.seeds) if args.seeds else None,
+    return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale, seeds=parse_seeds(args.seeds) if args.seeds else None,
                          overrides=parse_overrides([x for group in args.overrides for x in group]),
                          only=args.variants or None)
 
@@ -566,14 +566,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("file", nargs="?", help="registry YAML (ablations/NAME.yaml) or just NAME")
     ap.add_argument("--list", action="store_true", help="list every registry file, its runs and estimated CPU minutes")
     ap.add_argument("--dry-run", action="store_true", help="print the expanded runs, check every config; train nothing")
+    ap.add_argument("--registry", metavar="DIR", help="folder of figure files (default: ./ablations, else the checkout's)")
     add_grid_args(ap, workers=1)
     return ap
 
 
-def list_registry() -> int:
+def list_registry(ablations_dir: str | None = None) -> int:
     head = ("file", "fig", "kind", "variants", "seeds", "steps", "est. CPU min", "variant names")
     rows = [head]
-    for p in registry_files():
+    files = registry_files(ablations_dir)
+    if not files:
+        print(f"error: no figure files (*.yaml) in {ablations_dir or default_ablations_dir()}; run from the folder that "
+              "holds ablations/ or pass --registry DIR", file=sys.stderr)
+        return 2
+    for p in files:
         try:
             reg = load_registry(p)
         except ConfigError as e:
@@ -634,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.list:
-        return list_registry()
+        return list_registry(args.registry)
     if not args.file:
         ap.error("give a registry file (e.g. ablations/score_reparam.yaml) or --list")
     if args.workers < 0:

@@ -24,6 +24,14 @@ from .schema import ConfigError, closest, did_you_mean, leaf_keys, merge, read_y
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS_DIR = REPO_ROOT / "ablations"
+
+
+def default_ablations_dir() -> Path:
+    """./ablations when the working directory has one (an installed package has no repo beside it),
+    else the checkout's own ablations/."""
+    here = Path.cwd() / "ablations"
+    return here if here.is_dir() else ABLATIONS_DIR
+
 DEFAULT_SCALE = "world"  # no profile: the file's own settings (the embedded world on CPU)
 
 # Panels beside metric keys: Fig. 2's score-difference histogram, Fig. 3's accuracy curves,
@@ -369,7 +377,7 @@ def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str
     if not ref:
         return {}
     p = Path(ref).expanduser()
-    candidates = [p] if p.is_absolute() else [reg_path.parent / p, ABLATIONS_DIR / p]
+    candidates = [p] if p.is_absolute() else [reg_path.parent / p, default_ablations_dir() / p]
     for c in filter(Path.is_file, candidates):
         try:
             return read_yaml(c)
@@ -590,7 +598,7 @@ def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False
         except ConfigError:
             return False  # load_registry says what is wrong with it
 
-    return [p for p in sorted(Path(ablations_dir or ABLATIONS_DIR).glob("*.y*ml")) if sweeps or not is_sweep(p)]
+    return [p for p in sorted(Path(ablations_dir or default_ablations_dir()).glob("*.y*ml")) if sweeps or not is_sweep(p)]
 
 
 def ablation_names(ablations_dir: str | Path | None = None) -> list[str]:

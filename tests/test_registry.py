@@ -256,7 +256,9 @@ def test_list_shows_every_file_with_an_estimate(capsys):
     assert "est. CPU min" in out
 
 
-def test_score_reparam_default_budget_fits_ten_minutes_on_two_cores():
-    # The main job's promise (README): Fig. 6 in <= 15 min wall on 2 cores, aiming for 10.
+def test_score_reparam_default_budget_fits_twenty_minutes_on_two_cores():
+    # The main job's promise (README): Fig. 6 at 5 seeds (a verdict needs 5) in <= 20 min wall on
+    # 2 cores; the world-scale speed work aims for 10.
     reg = load_registry(ABLATIONS_DIR / "score_reparam.yaml")
-    assert ablate.estimate_cpu_minutes(reg) / 2 <= 12
+    assert len(reg.seeds) >= 5
+    assert ablate.estimate_cpu_minutes(reg) / 2 <= 20
