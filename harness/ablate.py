@@ -30,7 +30,7 @@ from filelock import FileLock, Timeout
 
 from . import keys as K
 from . import summary as S
-from . import tracking
+from . import prog, tracking
 from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
 from .registry import (
     Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
@@ -341,6 +341,8 @@ def open_parent(reg: Registry, uri: str, existing: list[Any], create: bool) -> s
         K.TAG_ROLE: "parent", K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_COMMIT: tracking.git_commit(),
         TAG_GRID: ghash, "harness.registry_file": str(reg.path), "harness.scale": reg.scale,
     })
+    c = tracking.client(uri)  # the experiment's description in the MLflow UI
+    c.set_experiment_tag(c.get_run(pid).info.experiment_id, "mlflow.note.content", f"{reg.title}\n\n{reg.description}")
     tracking.log_params(uri, pid, {
         "registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds, "variants": reg.variant_names,
         "runs": len(reg.runs), **{f"common.{k}": v for k, v in reg.common_changes.items()},
@@ -441,6 +443,9 @@ def run_ablation(
             if failed:
                 tags["harness.failed"] = "; ".join(f"{o.variant} s{o.seed}: {o.why[:200]}" for o in failed)[:4900]
             tracking.set_tags(uri, parent_id, tags)
+            collapsed = sum(bool(o.collapsed) for o in result.outcomes)
+            tracking.MetricLogger(uri, parent_id).log({"grid/runs": len(result.outcomes), "grid/failed": len(failed),
+                                                       "grid/collapsed": collapsed}, step=0)
             tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
     return result
 
@@ -557,7 +562,7 @@ def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m harness.ablate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog("harness.ablate"), formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run an ablation grid (one registry YAML = one paper figure) as MLflow child runs; "
                     "rerunning resumes it.",
         epilog="examples:\n" + "\n".join(f"  {line.strip()}" for line in (__doc__ or "").splitlines()[2:7])

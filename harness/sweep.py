@@ -35,7 +35,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 from pydantic import Field, FiniteFloat, model_validator
 
-from harness import config, keys, schema, tracking
+from harness import config, keys, prog, schema, tracking
 from harness.config import TrainConfig, from_dict, merge
 from harness.schema import ConfigError, section
 
@@ -719,7 +719,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
 
 def build_parser() -> argparse.ArgumentParser:
     dims = schema.help_text(Dimension).replace("[top level]", "[search_space.<TrainConfig key>]")
-    p = argparse.ArgumentParser(prog="python -m harness.sweep", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("harness.sweep"), description=__doc__,
                                 epilog=f"Sweep file (YAML):\n{schema.help_text(SweepFile)}\n{dims}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="sweep YAML, e.g. ablations/sweep_delta_eta.yaml")

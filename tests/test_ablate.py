@@ -207,6 +207,9 @@ def test_failing_variant_leaves_the_others_finished(tmp_path, store, tiny_world,
     assert "non-finite" in runs["diverging"].data.tags[K.TAG_FAILURE]
     parent = runs_of(store, "fail_grid", role="parent")[0]
     assert parent.info.status == "FAILED" and parent.data.tags["harness.failed_runs"] == "1"
+    assert parent.data.metrics["grid/failed"] == 1 and parent.data.metrics["grid/runs"] == 3
+    exp = MlflowClient(uri(store)).get_experiment(parent.info.experiment_id)
+    assert exp.tags["mlflow.note.content"].startswith("tiny two-variant grid")  # the UI's description
 
 
 def test_bad_model_path_fails_the_grid_before_any_run(tmp_path, store, tiny_world, capsys):

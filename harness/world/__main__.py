@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 
+from harness import prog
 from harness.config import ConfigError
 
 DEFAULT_OUT = ".harness/world"
@@ -17,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     from harness.schema import help_text
     from harness.world.config import WorldConfig
 
-    p = argparse.ArgumentParser(prog="python -m harness.world", description="The embedded offline RLHF world.")
+    p = argparse.ArgumentParser(prog=prog("harness.world"), description="The embedded offline RLHF world.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser(
         "build", help="build (or reuse) a world",
