@@ -191,18 +191,20 @@ RULES: dict[str, type] = {
 class Claim:
     statement: Annotated[str, Field(min_length=1)]
     """The claim in words (the paper's, paraphrased, for `source: paper`)."""
-    source: Literal["paper", "ours"]
-    """paper: the paper states it (give its `section`); ours: our own extra check."""
+    source: Literal["paper", "literature", "ours"]
+    """paper: the Secrets-of-RLHF / APA paper states it (give its `section`); literature: another
+    paper states it (give it in `section`, e.g. "Dr. GRPO, Liu et al. 2025, Sec. 3"); ours: our own
+    check or an open question."""
     rule: Any
     """How the verdict is reached: in the file a mapping of `kind` (one of RULES) and that rule's
     parameters; once loaded, that RULES section."""
     section: str | None = None
-    """The paper's section, e.g. "5.3.1" (required for source: paper)."""
+    """The paper's section, e.g. "5.3.1" (required for source: paper), or the citation (literature)."""
 
     @property
     def cited(self) -> str:
         """'paper 5.3.1' or 'ours'."""
-        return f"paper {self.section}" if self.source == "paper" else "ours"
+        return {"paper": f"paper {self.section}", "literature": f"{self.section}"}.get(self.source, "ours")
 
 
 @section
@@ -431,7 +433,7 @@ def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list
     out = []
     for i, entry in enumerate(fs.claims):
         where = f"{source}: claims.{i}"
-        if entry.source == "paper" and not entry.section:
+        if entry.source in ("paper", "literature") and not entry.section:
             problems.append(f"{where}.section: missing; a paper claim names the paper's section, e.g. \"5.3.1\"")
         params = dict(entry.rule) if isinstance(entry.rule, dict) else {}
         kind = params.pop("kind", None)
