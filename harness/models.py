@@ -18,6 +18,7 @@ transformers.utils.logging.set_verbosity_error()
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from .algorithms.estimators import NEEDS_CRITIC
 from .config import TrainConfig
 
 
@@ -77,7 +78,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
     fields = {"model.sft_path": m.sft_path, "model.reward_path": m.reward_path}
     if m.policy_init == "pretrained":
         fields["model.pretrained_path"] = m.pretrained_path
-    if m.critic_path:
+    if m.critic_path and cfg.ppo.adv_estimator in NEEDS_CRITIC:
         fields["model.critic_path"] = m.critic_path
     vocab: dict[str, int] = {}
     for field, raw in fields.items():
@@ -182,7 +183,7 @@ def build_critic(cfg: TrainConfig, sft_path: str, reward_path: str, dtype: torch
 
 
 class Models:
-    """The four models of a run, placed on one device, reference and reward frozen."""
+    """The four models of a run (three for a critic-free estimator), on one device, reference and reward frozen."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
         sft = resolve_path(cfg.model.sft_path, cfg, "model.sft_path")
@@ -195,10 +196,11 @@ class Models:
         self.policy.eval()  # dropout off: ratios must be 1 on the first minibatch
         self.reference = freeze(load_causal_lm(sft, dtype).to(device))
         self.reward = freeze(load_reward_model(reward, dtype).to(device))
-        torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
-        critic_src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
-        self.critic = build_critic(cfg, critic_src or sft, critic_src or reward, dtype).to(device)
-        self.critic.eval()
+        self.critic: ScalarHeadModel | None = None  # critic-free advantage estimators build none
+        if cfg.ppo.adv_estimator in NEEDS_CRITIC:
+            torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
+            critic_src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
+            self.critic = build_critic(cfg, critic_src or sft, critic_src or reward, dtype).to(device).eval()
         if self.policy.config.vocab_size < len(self.tokenizer):
             raise ModelPathError(
                 f"model.tokenizer_path: tokenizer has {len(self.tokenizer)} tokens but the policy's vocab is "

@@ -135,6 +135,7 @@ def sample(
     top_p: float = 1.0,
     stop_at_eos: bool = True,
     with_entropy: bool = False,
+    greedy: bool = False,
     fast: bool = True,
     all_finished: Callable[[bool], bool] = bool,
 ) -> Rollout:
@@ -146,7 +147,8 @@ def sample(
     forward with the model's KV cache. `fast=False` forces the model's own forward.
     `with_entropy` also returns the policy entropy at each step (as `entropy_from_logits` of the
     temperature-scaled logits), so the teacher-forced policy pass can be skipped when the old
-    log-probs come from sampling. `all_finished(local_done)` lets every rank keep decoding until
+    log-probs come from sampling. `greedy` takes the argmax instead of drawing (ReMax's baseline
+    response; the keys are then unused). `all_finished(local_done)` lets every rank keep decoding until
     all ranks' rows have ended (ZeRO-3 forwards are collective, and shapes must agree).
     """
     B = prompt_ids.shape[0]
@@ -169,7 +171,10 @@ def sample(
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
-        tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
+        if greedy:
+            tok = scaled.argmax(-1)
+        else:
+            tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
         if stop_at_eos:
             tok = torch.where(finished, pad_col, tok)
         tokens.append(tok)

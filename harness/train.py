@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -339,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness.train",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train one PPO / APA / AWR run and log it to MLflow.",
-        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + help_text(),
+        # long `key = default (allowed)` lines wrap too: the registry's names make some >100 characters
+        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + "\n".join(
+            textwrap.fill(line, 100, subsequent_indent=" " * 6) for line in help_text().split("\n")),
     )
     ap.add_argument("config", nargs="?", help="YAML config file (optional: defaults + --set work alone)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

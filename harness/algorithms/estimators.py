@@ -39,9 +39,9 @@ def _group_stats(scores: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tenso
     """Per row: the mean, the sample std (ddof=1, 0 for a single row) and the size of its group."""
     _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
     s = scores.double()
-    sums = torch.zeros(len(counts), dtype=s.dtype).index_add_(0, inv, s)
-    mean = sums / counts
-    sq = torch.zeros(len(counts), dtype=s.dtype).index_add_(0, inv, (s - mean[inv]) ** 2)
+    zeros = torch.zeros(len(counts), dtype=s.dtype, device=s.device)
+    mean = zeros.index_add(0, inv, s) / counts
+    sq = zeros.index_add(0, inv, (s - mean[inv]) ** 2)
     std = (sq / (counts - 1).clamp(min=1)).sqrt() * (counts > 1)
     return mean[inv].to(scores.dtype), std[inv].to(scores.dtype), counts[inv]
 
