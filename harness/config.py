@@ -1,12 +1,8 @@
-"""The one typed config of a harness run.
+"""The one typed config of a harness run: typed fields, each with its default and docstring.
 
-Every knob is a typed field with a default and its doc string right under it (CleanRL style).
-Configs come from YAML plus dotted overrides (`--set ppo.kl_coef=0.1`) and are validated by the
-one engine, `harness.schema`, completely before any model is built: an unknown key names the
-closest valid key, a bad type or out-of-range value names the file, the field, the value and what
-is allowed. Rules that span fields are `cross_checks`.
-
-Paper references ("Secrets of RLHF I", "APA") point to `../shared/docs/paper-notes.md`.
+Configs come from YAML plus dotted overrides (`--set ppo.kl_coef=0.1`), validated completely by
+`harness.schema` before any model is built; rules that span fields are `cross_checks`. Paper
+references ("Secrets of RLHF I", "APA") point to `../shared/docs/paper-notes.md`.
 """
 from __future__ import annotations
 

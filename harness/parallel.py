@@ -1,14 +1,9 @@
 """Processes and engines: what one training run needs to span several ranks (or just one).
 
-- `DistEnv`: this process's place in the job; every collective is a no-op at world size 1.
-- `setup` / `teardown`: validate the `distributed` section against the hardware and the launch
-  (ConfigError before any model is built), then join the job's process group.
-- `Engine`: a trained model (policy or critic) with its AdamW and schedule, run by plain torch
-  (gradients all-reduced across ranks when world size > 1) or by DeepSpeed ZeRO
-  (`distributed.deepspeed: true`); `backward` takes a micro-batch loss already normalized by the
-  global token count, so summed over ranks and micro-batches it is the one-rank gradient.
-  `full_state` / `load_full_state` convert to and from the single-process checkpoint format.
-- `agree_stop`: rank 0's stop decision (callback or STOP file), the same on every rank.
+`DistEnv` (collectives are no-ops at world size 1); `setup` / `teardown` (validate the `distributed`
+section against hardware and launch, then join the process group); `Engine` (policy or critic with
+its AdamW, plain torch or DeepSpeed ZeRO, with the single-process checkpoint format on both sides);
+`agree_stop` (rank 0's stop decision, the same on every rank).
 """
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from .config import ConfigError, TrainConfig
 
@@ -61,8 +57,6 @@ class DistEnv:
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if not self.active:
             return t
-        import torch.distributed as dist
-
         out = t.detach().clone()
         dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
         return out
@@ -71,20 +65,14 @@ class DistEnv:
         """Concatenate equally shaped tensors from all ranks along dim 0, in rank order."""
         if not self.active:
             return t
-        import torch.distributed as dist
-
-        t = t.contiguous()
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
-        dist.all_gather(parts, t)
+        dist.all_gather(parts, t.contiguous())
         return torch.cat(parts, 0)
 
     def broadcast_object(self, obj: Any) -> Any:
-        if not self.active:
-            return obj
-        import torch.distributed as dist
-
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        if self.active:
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def all_true(self, flag: bool, device: torch.device) -> bool:
@@ -213,12 +201,6 @@ def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int |
     return out
 
 
-def check(cfg: TrainConfig) -> None:
-    problems = validate(cfg)
-    if problems:
-        raise ConfigError(problems)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -251,12 +233,12 @@ def setup(cfg: TrainConfig) -> DistEnv:
     A launched process (WORLD_SIZE set) joins via env:// (gloo on CPU, nccl on GPU); a one-process
     DeepSpeed run gets a private one-member group. Idempotent within a process.
     """
-    check(cfg)
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(problems)
     launched = launched_world_size() is not None
     if not (launched or cfg.distributed.deepspeed):
         return DistEnv()
-    import torch.distributed as dist
-
     device_type = _resolve_device_type(cfg)
     backend = "nccl" if device_type == "cuda" else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -276,8 +258,6 @@ def setup(cfg: TrainConfig) -> DistEnv:
 
 def teardown() -> None:
     """Leave the process group (end of `python -m harness.train`)."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -330,7 +310,8 @@ def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
 class Engine:
     """Policy or critic with its AdamW and learning-rate schedule: a DeepSpeed engine, or plain
     torch with gradients summed across ranks by hand. `backward` takes the globally normalized
-    micro-batch loss; every `gradient_accumulation`-th call steps the optimizer."""
+    micro-batch loss; every `gradient_accumulation`-th call steps the optimizer. Calling it calls
+    the engine (or module)."""
 
     def __init__(self, module: torch.nn.Module, lr: float, schedule: Callable[[int], float], cfg: TrainConfig,
                  env: DistEnv, device: torch.device):
@@ -339,14 +320,13 @@ class Engine:
         self.opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=cfg.ppo.weight_decay,
                                      fused=device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
-        self.ds = cfg.distributed.deepspeed
-        self.stage = cfg.distributed.zero_stage if self.ds else 0
-        self.gas = cfg.distributed.gradient_accumulation
-        self.ckpt = cfg.distributed.gradient_checkpointing
+        d = cfg.distributed
+        self.stage = d.zero_stage if d.deepspeed else 0
+        self.gas, self.ckpt = d.gradient_accumulation, d.gradient_checkpointing
         self.engine = None
         if self.ckpt:
             enable_gradient_checkpointing(module)
-        if self.ds:
+        if d.deepspeed:
             import deepspeed
 
             self.engine, self.ds_opt, _, _ = deepspeed.initialize(
@@ -366,25 +346,20 @@ class Engine:
     def lr(self) -> float:
         return self.sched.get_last_lr()[0]
 
-    def forward(self, *args, logits_to_keep: int | None = None, **kwargs):
-        """The engine's (or module's) forward; `logits_to_keep` passes through to HF causal LMs."""
-        if logits_to_keep is not None:
-            kwargs["logits_to_keep"] = logits_to_keep
+    def __call__(self, *args, **kwargs):
         return (self.engine or self.module)(*args, **kwargs)
-
-    __call__ = forward
 
     @contextlib.contextmanager
     def training(self):
         """Train mode only matters for gradient checkpointing (dropout is zeroed then)."""
-        if not self.ckpt:
-            yield
-            return
-        (self.engine or self.module).train()
+        target = self.engine or self.module
+        if self.ckpt:
+            target.train()
         try:
             yield
         finally:
-            (self.engine or self.module).eval()
+            if self.ckpt:
+                target.eval()
 
     def backward(self, loss: torch.Tensor) -> float | None:
         """Accumulate one micro-batch; the last of `gas` steps the optimizer and returns the
@@ -394,9 +369,7 @@ class Engine:
         if self.engine is not None:
             # DeepSpeed averages over ranks; our loss is already a share of the global mean.
             self.engine.backward(loss * self.env.world_size, scale_wrt_gas=False)
-            norm = None
-            if last and self.stage == 0:
-                norm = self._grad_norm()
+            norm = self._grad_norm() if last and self.stage == 0 else None
             self.engine.step()
             if not last:
                 return None
@@ -432,45 +405,36 @@ class Engine:
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
 
     # ---------------------------------------------------------------- consolidated state
-    def _partitioned(self) -> bool:
-        return self.engine is not None and self.stage > 0
-
     def full_state(self) -> tuple[dict, dict]:
         """(module state_dict, torch AdamW state_dict) with full fp32 tensors on CPU.
 
         Collective under ZeRO (call on every rank); ranks other than 0 may drop the result.
         """
-        if not self._partitioned():
+        if not self.stage:
             opt = self.ds_opt if self.engine is not None else self.opt
-            return ({k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-                    _cpu(opt.state_dict()))
+            return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}, _cpu(opt.state_dict())
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-        keep = self.env.is_main
+        def full(q: torch.Tensor, key: str | None = None) -> torch.Tensor:
+            v = safe_get_full_fp32_param(q) if key is None else safe_get_full_optimizer_state(q, key)
+            return v.detach().float().cpu().reshape(getattr(q, "ds_shape", q.shape)) if self.env.is_main else torch.empty(0)
+
         params = list(self.module.parameters())
-        full: dict[int, torch.Tensor] = {}
-        for q in params:
-            v = safe_get_full_fp32_param(q)
-            full[id(q)] = v.detach().float().cpu().reshape(_shape(q)) if keep else torch.empty(0)
-        weights = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            weights[name] = full[id(t)] if id(t) in full else t.detach().cpu().clone()
-        inner = self.ds_opt.optimizer
+        by_id = {id(q): full(q) for q in params}
+        weights = {k: by_id.get(id(t), t.detach().cpu()) for k, t in self.module.state_dict(keep_vars=True).items()}
+        inner = self.ds_opt.optimizer  # AdamW over ZeRO's flat fp32 partitions
         step = next((st["step"] for st in inner.state.values() if "step" in st), None)
-        state: dict[int, dict] = {}
-        if step is not None:
-            for i, q in enumerate(params):
-                ent = {"step": torch.as_tensor(step, dtype=torch.float32).detach().cpu().clone()}
-                for k in ("exp_avg", "exp_avg_sq"):
-                    v = safe_get_full_optimizer_state(q, k)
-                    ent[k] = v.detach().float().cpu().reshape(_shape(q)) if keep else torch.empty(0)
-                state[i] = ent
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(range(len(params)))} for g in inner.param_groups[:1]]
+        state = {} if step is None else {
+            i: {"step": torch.as_tensor(step, dtype=torch.float32).cpu().clone(),
+                "exp_avg": full(q, "exp_avg"), "exp_avg_sq": full(q, "exp_avg_sq")}
+            for i, q in enumerate(params)
+        }
+        groups = [{**{k: v for k, v in inner.param_groups[0].items() if k != "params"}, "params": list(range(len(params)))}]
         return weights, {"state": state, "param_groups": groups}
 
     def load_full_state(self, weights: dict, opt_state: dict | None) -> None:
         """Inverse of `full_state`, from any world size or stage (or a single-process checkpoint)."""
-        if not self._partitioned():
+        if not self.stage:
             self.module.load_state_dict(weights)
             if opt_state is not None:
                 (self.ds_opt if self.engine is not None else self.opt).load_state_dict(opt_state)
@@ -479,58 +443,49 @@ class Engine:
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
         named = dict(self.module.named_parameters())
-        params = list(self.module.parameters())
         missing = [k for k in named if k not in weights]
         if missing:
             raise KeyError(f"checkpoint lacks weights for {missing[:5]}")
-        if self.stage == 3:
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-                if self.env.is_main:
-                    for k, q in named.items():
-                        q.data.copy_(weights[k].to(q.dtype))
-        else:
-            for k, q in named.items():
-                q.data.copy_(weights[k].to(device=q.device, dtype=q.dtype))
+        if opt_state and opt_state.get("state"):
+            self._create_optimizer_state()
+        # ZeRO-3 holds no whole parameter outside a gather: rank 0 writes it there, ZeRO re-partitions
+        with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=0, enabled=self.stage == 3):
+            if self.env.is_main or self.stage < 3:
+                for k, q in named.items():
+                    q.data.copy_(weights[k].to(device=q.device, dtype=q.dtype))
         for k, q in named.items():
             safe_set_full_fp32_param(q, weights[k].to(q.device if q.numel() else _ds_device()).float())
         for name, buf in self.module.named_buffers():
             if name in weights:
                 buf.copy_(weights[name].to(buf.dtype))
-        if opt_state is None or not opt_state.get("state"):
+        if not (opt_state and opt_state.get("state")):
             return
-        inner = self.ds_opt.optimizer
-        # AdamW creates its state at the first step; make it now for the flat fp32 partitions
-        # (ZeRO-3 only lists them in param_groups during step)
-        flat = (getattr(self.ds_opt, "fp32_partitioned_groups_flat", None) or getattr(self.ds_opt, "single_partition_of_fp32_groups", None)
-                or [fp for g in inner.param_groups for fp in g["params"]])
-        on_device = any(g.get("fused") or g.get("capturable") for g in inner.param_groups)  # step tensor beside the params
-        for fp in flat:
-            if fp not in inner.state or "exp_avg" not in inner.state[fp]:
-                step0 = torch.tensor(0.0, dtype=torch.float32, device=fp.device if on_device else "cpu")
-                inner.state[fp] = {"step": step0, "exp_avg": torch.zeros_like(fp), "exp_avg_sq": torch.zeros_like(fp)}
-        if hasattr(self.ds_opt, "_hp_optimizer_states_linked"):
-            self.ds_opt._hp_optimizer_states_linked = False
-            self.ds_opt._lazy_init_hp_params_optimizer_state()
         step = None
-        for i, q in enumerate(params):
+        for i, q in enumerate(named.values()):
             ent = opt_state["state"].get(i) or opt_state["state"].get(str(i))
-            if ent is None:
-                continue
-            step = ent["step"]
-            for k in ("exp_avg", "exp_avg_sq"):
-                safe_set_full_optimizer_state(q, ent[k].to(_ds_device()).float(), k)
-        if step is not None:
-            for st in inner.state.values():
+            if ent is not None:
+                step = ent["step"]
+                for k in ("exp_avg", "exp_avg_sq"):
+                    safe_set_full_optimizer_state(q, ent[k].to(_ds_device()).float(), k)
+        inner = self.ds_opt.optimizer
+        for st in inner.state.values():
+            if step is not None:
                 st["step"] = torch.as_tensor(step, dtype=torch.float32).clone().to(st["step"].device)
-        saved = opt_state["param_groups"][0]
         for g in inner.param_groups:
-            for k, v in saved.items():
-                if k != "params" and k in g:
-                    g[k] = v
+            g.update({k: v for k, v in opt_state["param_groups"][0].items() if k != "params" and k in g})
 
-
-def _shape(q: torch.Tensor) -> torch.Size:
-    return getattr(q, "ds_shape", q.shape)
+    def _create_optimizer_state(self) -> None:
+        """AdamW creates its state at its first step, and ZeRO links each parameter to its slice of
+        that state only then: take one real step of zero gradients at learning rate 0, which moves
+        no weight and leaves zero moments (then overwritten; the schedule and learning rate are
+        restored from the checkpoint afterwards)."""
+        for g in self.ds_opt.optimizer.param_groups:
+            g["lr"] = 0.0
+        ids = torch.zeros(1, 2, dtype=torch.long, device=_ds_device())
+        ones = torch.ones_like(ids)
+        for _ in range(self.gas):
+            out = self.engine(input_ids=ids, attention_mask=ones, position_ids=ones.cumsum(1) - 1)
+            self.backward(0.0 * getattr(out, "logits", out).float().sum())
 
 
 def _ds_device() -> torch.device:

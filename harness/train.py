@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from . import keys, parallel, provenance, tracking
+from .algorithms.estimators import NEEDS_CRITIC
 from .config import BOOKKEEPING, ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
 from .metrics import CollapseDetector
 
@@ -130,22 +131,12 @@ class NullRunLog(RunLog):
     """The other ranks: the same calls, nothing logged or written (rank 0 speaks for the job)."""
 
     def __init__(self) -> None:
+        self.run_id = None
+
+    def _ignore(self, *args, **kwargs) -> None:
         pass
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def artifact(self, obj: dict, path: str) -> None:
-        pass
-
-    def checkpoint(self, state: dict, step: int) -> None:
-        pass
-
-    def end(self, status: str, error: str | None = None, tb: str = "") -> None:
-        pass
+    log = tags = artifact = checkpoint = end = _ignore
 
 
 def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, dict | None]:
@@ -174,6 +165,8 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
         tags = {
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
             keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train",
+            "harness.adv_estimator": cfg.ppo.adv_estimator,
+            "harness.critic_free": str(cfg.ppo.adv_estimator not in NEEDS_CRITIC).lower(),
             **provenance.record(cfg.data.world_dir if cfg.data.source == "world" else None), **log.tags,
         }
         run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)

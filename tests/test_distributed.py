@@ -154,6 +154,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     paths = build_tiny_models(root / "models")
     (root / "worker.py").write_text(WORKER)
+    (root / "unused.jsonl").write_text("")
     return {"root": root, "models": paths, "worker": str(root / "worker.py"), "source": tiny_source_spec()}
 
 
@@ -163,7 +164,8 @@ def overrides(tiny, name: str, **extra) -> list[str]:
         "seed": 3,
         "model.sft_path": tiny["models"]["sft"], "model.reward_path": tiny["models"]["reward"],
         "model.pretrained_path": tiny["models"]["sft"],
-        "data.eval_prompts": 5,
+        # the worker swaps in the tiny prompt source; preflight still wants the configured data file to exist
+        "data.source": "hh_rlhf", "data.hh_path": str(root / "unused.jsonl"), "data.eval_prompts": 5,
         "generation.max_new_tokens": 8, "generation.temperature": 0.9, "generation.top_k": 20,
         "ppo.steps": 3, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 2,
         "ppo.policy_lr": 3e-3, "ppo.critic_lr": 3e-3, "ppo.entropy_coef": 0.01, "ppo.ptx_coef": 0.1, "ppo.ptx_batch_size": 4,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness import keys, tracking
-from harness.config import load_config
+from harness.config import ConfigError, load_config
 from harness.train import train
 
 # the shared data folder lies beside the checkout (../shared), in CI too
@@ -66,5 +66,6 @@ def test_missing_model_dir_fails_before_training_with_the_field_named(tmp_path):
                                       "rejected": f"\n\nHuman: q{i}?\n\nAssistant: no {i}"}) + "\n" for i in range(2)))
     cfg = load_config(None, ["data.source=hh_rlhf", f"data.hh_path={hh}", f"model.sft_path={tmp_path}/nope/",
                              f"logging.tracking_uri=sqlite:///{tmp_path / 'm.db'}", f"logging.output_dir={tmp_path}", "logging.progress=false"])
-    res = train(cfg)
-    assert res.status == "FAILED" and "model.sft_path" in res.error
+    with pytest.raises(ConfigError, match=r"model\.sft_path: '.*nope/' is not a directory"):  # preflight, before any run
+        train(cfg)
+    assert not (tmp_path / "m.db").exists()
