@@ -1,19 +1,12 @@
 """The PPO step, top to bottom: rollout -> scores -> per-token rewards -> advantages -> PPO epochs.
 
-Every trick is a flag in `harness.config`; every formula is a pure function in
-`harness.algorithms`. This module only orchestrates, so the loop reads in one place.
-
-One trainer for one process or many (`parallel.DistEnv`: collectives are no-ops at world size 1);
-W ranks compute, up to float rounding, what one rank computes on the same global batch:
-- every rank draws the same prompts and samples its contiguous slice of the global batch with
-  keyed sampling (a row's tokens do not depend on its rank); decoding runs until every rank's rows
-  have ended, so shapes agree;
-- the scored shards are all-gathered once; reward statistics, rewards, advantages and rollout
-  metrics are then the one-rank computation, run redundantly;
-- minibatches come from the global batch by the one-rank permutation; each rank back-propagates
-  (its share of the loss numerator) / (the global minibatch's denominator), so summed over ranks and
-  `distributed.gradient_accumulation` micro-batches the gradient is the one-rank one;
-- `state_dict()` gathers the single-process checkpoint format from every rank.
+Every trick is a flag in `harness.config` and every formula a pure function in `harness.algorithms`;
+this module only orchestrates. One trainer runs 1 rank or W (`parallel.DistEnv`), computing what one
+rank computes on the same global batch up to float rounding: every rank draws the same prompts and
+samples its slice with keyed sampling; the scored shards are all-gathered once and rewards,
+advantages and rollout metrics computed redundantly; each rank back-propagates its share of a
+global minibatch's loss numerator over the global denominator; `state_dict()` gathers the
+single-process checkpoint format.
 """
 from __future__ import annotations
 
@@ -27,18 +20,8 @@ import torch
 
 from . import keys
 from .algorithms import (
-    POLICY_LOSSES,
-    AdaptiveKLController,
-    FixedKLController,
-    RunningMeanStd,
-    entropy_term,
-    kl_per_token,
-    masked_mean,
-    masked_whiten,
-    perplexity,
-    process_scores,
-    token_rewards,
-    value_loss,
+    POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
+    masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
 from .algorithms.estimators import NEEDS_CRITIC, NEEDS_GREEDY, aggregate, estimate
 from .config import TrainConfig
@@ -124,10 +107,6 @@ def eval_summary(pol: dict, sft: dict) -> tuple[dict[str, float], dict]:
     return out, {"rm": pol["rm"], "gold": pol["gold"], "sft_rm": sft["rm"], "sft_gold": sft["gold"]}
 
 
-def masked_std(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return masked_mean((x - masked_mean(x, m)) ** 2, m).sqrt()
-
-
 class PPOTrainer:
     def __init__(self, cfg: TrainConfig, models: Models, source: PromptSource, device: torch.device, env: DistEnv = DistEnv()):
         self.cfg, self.m, self.source, self.device, self.env = cfg, models, source, device, env
@@ -154,10 +133,7 @@ class PPOTrainer:
         self.reward = frozen(models.reward, cfg, env, device)
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
         self.reward_stats = RunningMeanStd()
-        self.kl_ctl = (
-            AdaptiveKLController(p.kl_coef, p.kl_target, p.kl_horizon)
-            if p.kl_controller == "adaptive" else FixedKLController(p.kl_coef)
-        )
+        self.kl_ctl = KLController(p.kl_coef, p.kl_target if p.kl_controller == "adaptive" else None, p.kl_horizon)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.rollout_counter = 0  # rollouts made so far: the sampling noise's counter
         self.prompt_order: list[int] = []
@@ -332,7 +308,7 @@ class PPOTrainer:
                 if p.adv_clip is not None:
                     adv = adv.clamp(-p.adv_clip, p.adv_clip)
                 add(keys.ADV_MEAN, masked_mean(adv, m).item())
-                add(keys.ADV_STD, masked_std(adv, m).item())
+                add(keys.ADV_STD, masked_var(adv, m, unbiased=False).sqrt().item())
                 x = Minibatch(
                     seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m, adv, b.old_logprobs[i][:, :R],
                     b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R], P, m.sum().clamp(min=1), parts,
@@ -469,7 +445,7 @@ class PPOTrainer:
             keys.LENGTH: lengths.mean().item(),
             keys.LENGTH_MAX: lengths.max().item(),
             keys.FRAC_AT_CAP: (lengths >= self.cfg.generation.max_new_tokens).float().mean().item(),
-            keys.ADV_RAW_STD: masked_std(b.advantages, mask).item(),
+            keys.ADV_RAW_STD: masked_var(b.advantages, mask, unbiased=False).sqrt().item(),
             keys.REWARD_RUNNING_MEAN: self.reward_stats.mean,
             keys.REWARD_RUNNING_STD: self.reward_stats.std,
             keys.LR_POLICY: self.policy.lr,
@@ -477,7 +453,7 @@ class PPOTrainer:
         if self.critic is not None:
             out[keys.VALUES] = masked_mean(b.old_values, mask).item()
             out[keys.RETURNS] = masked_mean(b.returns, mask).item()
-            out[keys.RETURNS_STD] = masked_std(b.returns, mask).item()
+            out[keys.RETURNS_STD] = masked_var(b.returns, mask, unbiased=False).sqrt().item()
             out[keys.LR_CRITIC] = self.critic.lr
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()

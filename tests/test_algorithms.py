@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.algorithms import (
-    AdaptiveKLController, RunningMeanStd, compute_gae, entropy_term, kl_per_token, masked_mean,
+    KLController, RunningMeanStd, compute_gae, entropy_term, kl_per_token, masked_mean,
     masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
 from harness.algorithms.losses import apa_loss, awr_loss, ppo_loss
@@ -163,7 +163,7 @@ def test_entropy_bonus_and_clip_variant():
 
 
 def test_adaptive_kl_controller_moves_toward_target():
-    c = AdaptiveKLController(0.1, target=0.1, horizon=100)
+    c = KLController(0.1, target=0.1, horizon=100)
     c.update(0.2, n_samples=32)  # error clipped to +0.2
     assert math.isclose(c.value, 0.1 * (1 + 0.2 * 32 / 100))
     c.update(0.05, n_samples=32)  # error -0.5 clipped to -0.2

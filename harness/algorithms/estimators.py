@@ -18,7 +18,6 @@ from typing import Callable
 
 import torch
 
-from .gae import compute_gae
 from .stats import masked_whiten
 
 EPS = 1e-6
@@ -33,6 +32,30 @@ def register_adv_est(name: str) -> Callable[[Estimator], Estimator]:
         ADV_ESTIMATORS[name] = fn
         return fn
     return wrap
+
+
+@register_adv_est("gae")
+def compute_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (trick 10), the one estimator that needs the critic: A_t = sum_k (gamma*lam)^k delta_{t+k},
+    delta_t = r_t + gamma V_{t+1} - V_t; returns = A + V.
+
+    The value after the last response token is 0 (the episode ends there), and masked positions
+    (after a response ended) contribute nothing.
+    """
+    B, T = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last_gae = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(T)):
+        next_mask = mask[:, t + 1] if t + 1 < T else torch.zeros_like(last_gae)
+        next_value = values[:, t + 1] * next_mask if t + 1 < T else torch.zeros_like(last_gae)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last_gae = delta + gamma * lam * next_mask * last_gae
+        adv[:, t] = last_gae
+    adv = adv * mask
+    returns = (adv + values) * mask
+    return adv, returns
 
 
 def _group_stats(scores: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,13 +86,6 @@ def _reverse_cumsum(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> 
         running = rewards[:, t] * mask[:, t] + gamma * running * mask[:, t]
         out[:, t] = running
     return out * mask
-
-
-@register_adv_est("gae")
-def gae(*, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):
-    """GAE (trick 10): A_t = sum_k (gamma*lam)^k delta_{t+k}, delta_t = r_t + gamma V_{t+1} - V_t;
-    returns = A + V. Needs the critic."""
-    return compute_gae(rewards, values, mask, gamma, lam)
 
 
 @register_adv_est("grpo")
