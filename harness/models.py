@@ -113,13 +113,6 @@ def base_of(model: nn.Module) -> nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
-def freeze(model: nn.Module) -> nn.Module:
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
 class ScalarHeadModel(nn.Module):
     """A trunk and a linear head giving one scalar per position.
 
@@ -192,10 +185,9 @@ class Models:
         self.tokenizer = load_tokenizer(cfg)
         # DeepSpeed bf16/fp16 runs load weights in that precision (a 7B model in fp32 would not fit)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.distributed.precision, torch.float32) if cfg.distributed.deepspeed else torch.float32
-        self.policy = load_causal_lm(policy_src, dtype).to(device)
-        self.policy.eval()  # dropout off: ratios must be 1 on the first minibatch
-        self.reference = freeze(load_causal_lm(sft, dtype).to(device))
-        self.reward = freeze(load_reward_model(reward, dtype).to(device))
+        self.policy = load_causal_lm(policy_src, dtype).to(device).eval()  # dropout off: first-minibatch ratios are 1
+        self.reference = load_causal_lm(sft, dtype).to(device).eval().requires_grad_(False)
+        self.reward = load_reward_model(reward, dtype).to(device).eval().requires_grad_(False)
         self.critic: ScalarHeadModel | None = None  # critic-free advantage estimators build none
         if cfg.ppo.adv_estimator in NEEDS_CRITIC:
             torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only

@@ -118,10 +118,6 @@ def cpu_supports_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def gpu_supports_bf16() -> bool:
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-
-
 def deepspeed_import_error() -> str | None:
     """None when `import deepspeed` works, else the reason."""
     try:
@@ -176,7 +172,7 @@ def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int |
             if dev == "cpu" and not cpu_supports_bf16():
                 allowed = "'fp32'" if field == "distributed.precision" else "'none'"
                 out.append(f"{field}: got 'bf16' but this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag); allowed here: {allowed}")
-            if dev == "cuda" and torch.cuda.is_available() and not gpu_supports_bf16():
+            if dev == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
                 cap = ".".join(map(str, torch.cuda.get_device_capability(0)))
                 allowed = "'fp16' or 'fp32'" if field == "distributed.precision" else "'none'"
                 out.append(f"{field}: got 'bf16' but {on} (compute capability {cap}) has no bf16; allowed here: {allowed}")

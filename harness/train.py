@@ -44,12 +44,6 @@ def default_run_name(cfg: TrainConfig) -> str:
 
 
 # ------------------------------------------------------------------ run files and checkpoints
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
-
-
 CHECKPOINTS = ("state.pt", "state.prev.pt")  # the latest and the one before it
 
 
@@ -100,8 +94,11 @@ class RunLog:
         self._write()
 
     def _write(self, **info) -> None:
+        """run.json, replaced atomically (a kill mid-write leaves the previous one)."""
         self.info.update(info)
-        _write_json_atomic(self.run_dir / "run.json", self.info)
+        tmp = self.run_dir / "run.json.tmp"
+        tmp.write_text(json.dumps(self.info, indent=1))
+        os.replace(tmp, self.run_dir / "run.json")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if step > self.logged_through:
@@ -193,7 +190,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
             raise ConfigError(problems)
     run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
     run, state = _open_run(cfg, run_dir, resume) if env.is_main else (NullRunLog(), None)
-    shared = env.broadcast_object({"run_id": run.run_id if env.is_main else None, "resumed": state is not None})
+    shared = env.broadcast_object({"run_id": run.run_id, "resumed": state is not None})
     if shared["resumed"] and not env.is_main:
         state = load_checkpoint(run_dir)
         if state is None:
@@ -317,13 +314,11 @@ def _log_samples(trainer, b, run: RunLog, step: int) -> None:
     n = trainer.cfg.logging.num_samples
     if not n:
         return
-    rows = []
-    for i in range(min(n, len(b.prompts))):
-        rows.append({
-            "prompt": b.prompts[i], "response": b.responses[i], "rm_score": round(b.scores[i].item(), 4),
-            "gold_score": None if b.gold is None else round(b.gold[i].item(), 4),
-            "length": int(b.rollout.lengths[i].item()), "ended": bool(b.rollout.ended[i].item()),
-        })
+    rows = [{
+        "prompt": b.prompts[i], "response": b.responses[i], "rm_score": round(b.scores[i].item(), 4),
+        "gold_score": None if b.gold is None else round(b.gold[i].item(), 4),
+        "length": int(b.rollout.lengths[i].item()), "ended": bool(b.rollout.ended[i].item()),
+    } for i in range(min(n, len(b.prompts)))]
     run.artifact({"step": step, "rows": rows}, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")
 
 
