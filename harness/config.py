@@ -18,11 +18,14 @@ import yaml
 from pydantic import AfterValidator, Field
 
 from . import schema
-from .algorithms.estimators import ADV_ESTIMATORS, LOSS_AGGREGATIONS, NEEDS_CRITIC, NEEDS_GROUPS
 from .schema import Batch, Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, Str, Unit, section, to_dict
 from .schema import iter_fields, merge, parse_overrides, parse_value, read_yaml, set_dotted  # noqa: F401 - the code imports them from here
 
 Tokens = Annotated[Int, Field(ge=1, le=1_000_000)]
+# The names of `harness.algorithms.estimators.ADV_ESTIMATORS` and `LOSS_AGGREGATIONS`, written out so
+# that loading a config needs no torch (tests/test_estimators.py checks that they agree).
+AdvEstimator = Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"]
+LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 
 
 def _checked(ok: Any, allowed: str) -> Any:
@@ -122,9 +125,9 @@ class PPOConfig:
     """Learning-rate shape after warmup, decaying to zero at the last update (`constant` = none)."""
     weight_decay: NonNeg = 0.0
     """AdamW weight decay."""
-    adv_estimator: Literal[tuple(ADV_ESTIMATORS)] = "gae"
+    adv_estimator: AdvEstimator = "gae"
     """Advantage estimator (`harness.algorithms.estimators`): `gae` uses the critic; the others are critic-free (no critic is built or trained): `grpo`, `dr_grpo`, `rloo` and `reinforce_pp_baseline` compare the G samples of a prompt (generation.samples_per_prompt >= 2), `reinforce_pp` whitens returns over the batch, `remax` subtracts the score of one greedy response per prompt. ppo.adv_normalize still whitens per minibatch on top (false = the estimator's own scale)."""
-    loss_aggregation: Literal[LOSS_AGGREGATIONS] = "token_mean"
+    loss_aggregation: LossAggregation = "token_mean"
     """How the policy loss's tokens combine: `token_mean` over all tokens of the minibatch (PPO's usual); `seq_mean_token_mean` = mean over responses of each one's token mean (GRPO's original); `seq_mean_token_sum` = mean over responses of token sums / generation.max_new_tokens (Dr. GRPO)."""
     gamma: Unit = 1.0
     """GAE discount; the reference code uses 1."""
@@ -300,16 +303,10 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
             f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
             f"ppo.rollout_batch_size={cfg.ppo.rollout_batch_size}"
         )
-    G, est = cfg.generation.samples_per_prompt, cfg.ppo.adv_estimator
+    G = cfg.generation.samples_per_prompt
     if cfg.ppo.rollout_batch_size % G:
         p.append(f"ppo.rollout_batch_size: got {cfg.ppo.rollout_batch_size}; allowed: a multiple of "
                  f"generation.samples_per_prompt={G} (it counts responses, G per prompt)")
-    if est in NEEDS_GROUPS and G < 2:
-        p.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "
-                 "(the estimator compares the samples of one prompt)")
-    if est not in NEEDS_CRITIC and cfg.ppo.critic_pretrain_steps:
-        p.append(f"ppo.critic_pretrain_steps: got {cfg.ppo.critic_pretrain_steps} with ppo.adv_estimator={est}; "
-                 "allowed: 0 (a critic-free estimator builds no critic)")
     if cfg.data.source == "hh_rlhf" and not cfg.data.hh_path:
         p.append("data.hh_path: got ''; allowed: a path to an HH-RLHF .jsonl or .jsonl.gz file when data.source=hh_rlhf")
     if cfg.distributed.offload_params and cfg.distributed.zero_stage != 3:
@@ -349,10 +346,14 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 BOOKKEEPING = ("logging.", "device", "threads")
 
 
+def computed_fields(cfg: TrainConfig) -> dict[str, Any]:
+    """The flattened fields that change what a run computes (not where it logs)."""
+    return {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
+
+
 def config_hash(cfg: TrainConfig) -> str:
-    """Hash of everything that changes what a run computes (not where it logs)."""
-    flat = {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
-    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Hash of `computed_fields`."""
+    return hashlib.sha256(json.dumps(computed_fields(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def to_yaml(cfg: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .algorithms.estimators import NEEDS_CRITIC, NEEDS_GROUPS
 from .config import ConfigError, TrainConfig
 
 
@@ -128,7 +129,8 @@ def deepspeed_import_error() -> str | None:
 
 
 def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int | None = None) -> list[str]:
-    """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch.
+    """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch, and
+    the rules that need the advantage estimators' registry (kept out of torch-free `harness.config`).
 
     Each names the field, the value and what is allowed, like `harness.config` does.
     """
@@ -176,6 +178,13 @@ def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int |
                 cap = ".".join(map(str, torch.cuda.get_device_capability(0)))
                 allowed = "'fp16' or 'fp32'" if field == "distributed.precision" else "'none'"
                 out.append(f"{field}: got 'bf16' but {on} (compute capability {cap}) has no bf16; allowed here: {allowed}")
+    G, est = cfg.generation.samples_per_prompt, p.adv_estimator
+    if est in NEEDS_GROUPS and G < 2:
+        out.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "
+                   "(the estimator compares the samples of one prompt)")
+    if est not in NEEDS_CRITIC and p.critic_pretrain_steps:
+        out.append(f"ppo.critic_pretrain_steps: got {p.critic_pretrain_steps} with ppo.adv_estimator={est}; "
+                   "allowed: 0 (a critic-free estimator builds no critic)")
     mb = p.rollout_batch_size // p.num_minibatches
     gas = d.gradient_accumulation
     if mb % world:

@@ -21,7 +21,7 @@ import torch
 
 from . import keys, parallel, provenance, tracking
 from .algorithms.estimators import NEEDS_CRITIC
-from .config import BOOKKEEPING, ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
+from .config import ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml
 from .metrics import CollapseDetector
 
 OnStep = Callable[[int, dict[str, float]], bool]
@@ -142,7 +142,7 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
     --resume of a folder whose run had another config is refused, naming the keys that differ:
     continuing it would mix two configs in one run, and starting over would destroy it."""
     log, uri, chash = cfg.logging, cfg.logging.tracking_uri, config_hash(cfg)
-    flat = {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
+    flat = computed_fields(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
     if run_info is not None and run_info.get("config_hash") != chash:
@@ -345,13 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(to_yaml(cfg))
-        return 0
-    try:
+        if args.print_config:
+            print(to_yaml(cfg))
+            return 0
         result = train(cfg, resume=args.resume)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -46,7 +46,6 @@ class Batch:
     scores: torch.Tensor  # [B] raw RM score
     processed_scores: torch.Tensor  # [B]
     gold: torch.Tensor | None  # [B]
-    rewards: torch.Tensor
     non_score_rewards: torch.Tensor
     kl: torch.Tensor  # k1 per token
     advantages: torch.Tensor
@@ -257,7 +256,7 @@ class PPOTrainer:
         timers[keys.TIME_SCORE] = t2 - t1
         timers[keys.TIME_ADVANTAGE] = time.perf_counter() - t2
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     rewards, non_score, kl, advantages, returns, prompts, responses, first or None)
+                     non_score, kl, advantages, returns, prompts, responses, first or None)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
