@@ -376,32 +376,35 @@ class Engine:
             self.engine.backward(loss * self.env.world_size, scale_wrt_gas=False)
             norm = self._grad_norm() if last and self.stage == 0 else None
             self.engine.step()
-            if not last:
-                return None
-            self._micro = 0
-            if norm is None:
-                g = self.engine.get_global_grad_norm()
-                norm = float(g) if g is not None else float("nan")
-            if not math.isfinite(norm) and self.cfg.distributed.precision != "fp16":
-                raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
-            return norm
-        loss.backward()
+        else:
+            loss.backward()
         if not last:
             return None
         self._micro = 0
+        if self.engine is None:
+            norm = self._step()
+        elif norm is None:
+            g = self.engine.get_global_grad_norm()
+            norm = float(g) if g is not None else float("nan")
+        # fp16 under DeepSpeed: the loss scaler skips overflowing steps itself
+        if not math.isfinite(norm) and not (self.engine is not None and self.cfg.distributed.precision == "fp16"):
+            raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
+        return norm
+
+    def _step(self) -> float:
+        """Plain torch: sum gradients over ranks (one flat all-reduce), clip, step; the norm before clipping."""
         params = [q for q in self.module.parameters() if q.grad is not None]
-        if self.env.active:  # one all-reduce of all gradients, flattened
+        if self.env.active:
             flat = self.env.all_reduce(torch.cat([q.grad.reshape(-1) for q in params]))
             for q, g in zip(params, flat.split([q.numel() for q in params])):
                 q.grad.copy_(g.view_as(q.grad))
         max_norm = self.cfg.ppo.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if not torch.isfinite(norm):
-            raise NonFiniteLoss(f"gradient norm is {norm.item()} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
-        self.opt.step()
-        self.sched.step()
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")).item()
+        if math.isfinite(norm):  # a non-finite step would only poison the weights before the run fails
+            self.opt.step()
+            self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        return norm.item()
+        return norm
 
     def _grad_norm(self) -> float:
         grads = [q.grad.detach().float() for q in self.module.parameters() if q.grad is not None]

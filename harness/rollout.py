@@ -1,13 +1,10 @@
 """Sampling with a KV cache, and the teacher-forced passes that score a rollout.
 
-Layout of a rollout batch: prompts left-padded to P tokens, responses right-padded to R tokens,
-`sequences = [prompt | response]`. Position ids come from the attention mask, so padding never
-shifts a token's position. The response token at index t is predicted from position P-1+t.
-
-Sampling is keyed: row i's token at step t is drawn by inverting the CDF of its (filtered)
-distribution at u = hash(key_i, t), where key_i hashes (seed, stream, counter, global row index).
-A row therefore samples the same tokens whichever rank holds it and whoever its batch neighbours
-are, so a run on W ranks samples what a one-rank run samples on the same global batch.
+Rollout layout: prompts left-padded to P tokens, responses right-padded to R, `sequences = [prompt |
+response]`; position ids come from the attention mask, and response token t is predicted from
+position P-1+t. Sampling is keyed: row i's token at step t inverts the CDF of its (filtered)
+distribution at u = hash(key_i, t), key_i = hash(seed, stream, counter, global row index), so a row
+samples the same tokens on any rank beside any neighbours (W ranks sample what one rank does).
 """
 from __future__ import annotations
 

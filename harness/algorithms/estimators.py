@@ -1,15 +1,10 @@
 """Advantage estimators, registered by name (verl's `register_adv_est` style).
 
-Every estimator maps per-token rewards (the processed RM score at the last response token, plus
-the KL penalty at every token when KL is placed in the reward) to per-token advantages and returns
-[B, T]. Each takes exactly the inputs it needs as keyword arguments (no `**kwargs` swallowing a
-misspelled one); `ESTIMATOR_INPUTS` lists them so the trainer passes only those.
-
-Group estimators see `group` [B]: the index of the prompt each row answers; rows with the same
-index are the G = `generation.samples_per_prompt` samples of one prompt. Their "outcome" is the
-sequence reward R_i = sum_t r_{i,t} (score plus summed KL penalty), as in verl and OpenRLHF.
-
-Only `gae` needs a critic; every other estimator is critic-free (`NEEDS_CRITIC`).
+Each maps per-token rewards [B, T] (the processed RM score at the last response token, plus the KL
+penalty at every token when KL is placed in the reward) to per-token (advantages, returns), taking
+exactly the keyword inputs it needs (`ESTIMATOR_INPUTS`). Group estimators see `group` [B], the
+prompt index of each row (G = `generation.samples_per_prompt` rows per prompt); their "outcome" is
+the sequence reward R_i = sum_t r_{i,t}, as in verl and OpenRLHF. Only `gae` needs a critic.
 """
 from __future__ import annotations
 
