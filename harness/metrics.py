@@ -33,7 +33,9 @@ class CollapseDetector:
 
     def signals(self, m: dict[str, float]) -> list[str]:
         c = self.cfg
-        kl, ppl, cap = (self._smooth(k, m[key]) for k, key in (("kl", keys.KL), ("ppl", keys.PPL), ("cap", keys.FRAC_AT_CAP)))
+        kl = self._smooth("kl", m[keys.KL])
+        ppl = self._smooth("ppl", m[keys.PPL])
+        cap = self._smooth("cap", m[keys.FRAC_AT_CAP])
         generic = [msg for bad, msg in ((kl > c.kl_max, f"KL {kl:.2f} > {c.kl_max:g}"),
                                         (ppl < c.ppl_min, f"perplexity {ppl:.3f} < {c.ppl_min:g}"),
                                         (cap > c.cap_frac_max, f"{cap:.0%} of responses at the length cap")) if bad]

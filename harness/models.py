@@ -191,8 +191,8 @@ class Models:
         self.critic: ScalarHeadModel | None = None  # critic-free advantage estimators build none
         if cfg.ppo.adv_estimator in NEEDS_CRITIC:
             torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
-            critic_src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
-            self.critic = build_critic(cfg, critic_src or sft, critic_src or reward, dtype).to(device).eval()
+            src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
+            self.critic = build_critic(cfg, src or sft, src or reward, dtype).to(device).eval()
         if self.policy.config.vocab_size < len(self.tokenizer):
             raise ModelPathError(
                 f"model.tokenizer_path: tokenizer has {len(self.tokenizer)} tokens but the policy's vocab is "

@@ -388,7 +388,8 @@ class Engine:
             norm = float(g) if g is not None else float("nan")
         # fp16 under DeepSpeed: the loss scaler skips overflowing steps itself
         if not math.isfinite(norm) and not (self.engine is not None and self.cfg.distributed.precision == "fp16"):
-            raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
+            raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); "
+                                "try a lower learning rate or ppo.max_grad_norm > 0")
         return norm
 
     def _step(self) -> float:
@@ -424,8 +425,10 @@ class Engine:
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
         def full(q: torch.Tensor, key: str | None = None) -> torch.Tensor:
+            if not self.env.is_main:
+                return torch.empty(0)
             v = safe_get_full_fp32_param(q) if key is None else safe_get_full_optimizer_state(q, key)
-            return v.detach().float().cpu().reshape(getattr(q, "ds_shape", q.shape)) if self.env.is_main else torch.empty(0)
+            return v.detach().float().cpu().reshape(getattr(q, "ds_shape", q.shape))
 
         params = list(self.module.parameters())
         by_id = {id(q): full(q) for q in params}
@@ -437,8 +440,8 @@ class Engine:
                 "exp_avg": full(q, "exp_avg"), "exp_avg_sq": full(q, "exp_avg_sq")}
             for i, q in enumerate(params)
         }
-        groups = [{**{k: v for k, v in inner.param_groups[0].items() if k != "params"}, "params": list(range(len(params)))}]
-        return weights, {"state": state, "param_groups": groups}
+        group = {k: v for k, v in inner.param_groups[0].items() if k != "params"}
+        return weights, {"state": state, "param_groups": [{**group, "params": list(range(len(params)))}]}
 
     def load_full_state(self, weights: dict, opt_state: dict | None) -> None:
         """Inverse of `full_state`, from any world size or stage (or a single-process checkpoint)."""

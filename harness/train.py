@@ -21,7 +21,9 @@ import torch
 
 from . import keys, parallel, provenance, tracking
 from .algorithms.estimators import NEEDS_CRITIC
-from .config import ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml
+from .config import (
+    ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
+)
 from .metrics import CollapseDetector
 
 OnStep = Callable[[int, dict[str, float]], bool]

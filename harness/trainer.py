@@ -73,7 +73,8 @@ class Minibatch:
     returns: torch.Tensor
     P: int
     n_tokens: torch.Tensor
-    """Response tokens in the whole minibatch (all ranks): the critic, entropy and ptx losses are token sums divided by it."""
+    """Response tokens in the whole minibatch (all ranks): the critic, entropy and ptx losses are token
+    sums divided by it."""
     parts: list[slice]
     """This rank's micro-batches: rows of the minibatch."""
     first: dict
@@ -127,7 +128,9 @@ class PPOTrainer:
         schedule = lr_lambda(cfg, max(1, p.steps * p.ppo_epochs * p.num_minibatches))
         self.policy = Engine(models.policy, p.policy_lr, schedule, cfg, env, device)
         # critic-free estimators: no critic forward, update, pretraining or val/ metrics
-        self.critic = Engine(models.critic, p.critic_lr, schedule, cfg, env, device) if p.adv_estimator in NEEDS_CRITIC else None
+        self.critic = None
+        if p.adv_estimator in NEEDS_CRITIC:
+            self.critic = Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
         self.reference = frozen(models.reference, cfg, env, device)
         self.reward = frozen(models.reward, cfg, env, device)
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
@@ -197,7 +200,8 @@ class PPOTrainer:
 
     def process(self, scores: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
         r = self.cfg.reward
-        return process_scores(scores, self.reward_stats, scale=r.scale, normalize=r.normalize, clip=r.clip, update_stats=update_stats)
+        return process_scores(scores, self.reward_stats, scale=r.scale, normalize=r.normalize, clip=r.clip,
+                              update_stats=update_stats)
 
     @torch.no_grad()
     def make_batch(self, timers: dict[str, float]) -> Batch:
@@ -240,14 +244,15 @@ class PPOTrainer:
         processed = self.process(scores)
         baseline = None
         if p.adv_estimator in NEEDS_GREEDY:  # ReMax: the greedy response's processed score, per prompt
-            greedy = self.scored(self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True), len(lists))[1]
-            baseline = self.process(greedy, update_stats=False).repeat_interleave(G)
+            greedy = self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True)
+            baseline = self.process(self.scored(greedy, len(lists))[1], update_stats=False).repeat_interleave(G)
         t2 = time.perf_counter()
         mask = ro.response_mask.float()
         kl = (logprobs - ref_logprobs) * mask
         kl_pen = kl_per_token(logprobs, ref_logprobs, p.kl_estimator) * mask
         # the penalty in the reward, or (kl_placement=loss) none here and eta * KL in the policy loss
-        rewards, non_score = token_rewards(processed, kl_pen, mask, self.kl_ctl.value if p.kl_placement == "reward" else 0.0)
+        kl_coef = self.kl_ctl.value if p.kl_placement == "reward" else 0.0
+        rewards, non_score = token_rewards(processed, kl_pen, mask, kl_coef)
         advantages, returns = estimate(
             p.adv_estimator, rewards=rewards, values=values, mask=mask, gamma=p.gamma, lam=p.gae_lambda,
             group=torch.arange(B, device=mask.device) // G, baseline=baseline,
@@ -309,8 +314,9 @@ class PPOTrainer:
                 add(keys.ADV_MEAN, masked_mean(adv, m).item())
                 add(keys.ADV_STD, masked_var(adv, m, unbiased=False).sqrt().item())
                 x = Minibatch(
-                    seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m, adv, b.old_logprobs[i][:, :R],
-                    b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R], P, m.sum().clamp(min=1), parts,
+                    seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m, adv,
+                    b.old_logprobs[i][:, :R], b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R],
+                    P, m.sum().clamp(min=1), parts,
                     {k: v[:, :R] for k, v in first.items() if v is not None} if mb_size == B else {},
                 )
                 if train_policy:
@@ -353,13 +359,15 @@ class PPOTrainer:
             logprobs, entropy = forward(rows)
             logprobs = logprobs.float()
             loss_tok, st = POLICY_LOSSES[p.policy_loss](
-                logprobs, x.old_logprobs[rows], x.adv[rows], clip_eps=p.clip_eps, importance_sampling=p.importance_sampling,
-                ref_logprobs=x.ref_logprobs[rows], apa_lambda=p.apa_lambda, awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight,
+                logprobs, x.old_logprobs[rows], x.adv[rows], clip_eps=p.clip_eps,
+                importance_sampling=p.importance_sampling, ref_logprobs=x.ref_logprobs[rows], apa_lambda=p.apa_lambda,
+                awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight,
             )
             pg_num = aggregate(loss_tok, mu, *agg)[0]
             loss_num = pg_num
             if kl_coef:
-                loss_num = loss_num + kl_coef * aggregate(kl_per_token(logprobs, x.ref_logprobs[rows], p.kl_estimator), mu, *agg)[0]
+                kl_tok = kl_per_token(logprobs, x.ref_logprobs[rows], p.kl_estimator)
+                loss_num = loss_num + kl_coef * aggregate(kl_tok, mu, *agg)[0]
             ent_sum = (entropy.float() * mu).sum() if with_entropy else torch.zeros((), device=self.device)
             ptx_sum = torch.zeros((), device=self.device)
             if ptx is not None:

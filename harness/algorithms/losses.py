@@ -80,7 +80,9 @@ def awr_loss(
     return loss_tok, _rollout_ratio(logprobs, old_logprobs, clipped)
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Stats]]] = {"ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss}
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Stats]]] = {
+    "ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss,
+}
 
 
 def value_loss(
