@@ -425,9 +425,9 @@ class Engine:
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
         def full(q: torch.Tensor, key: str | None = None) -> torch.Tensor:
+            v = safe_get_full_fp32_param(q) if key is None else safe_get_full_optimizer_state(q, key)  # collective
             if not self.env.is_main:
                 return torch.empty(0)
-            v = safe_get_full_fp32_param(q) if key is None else safe_get_full_optimizer_state(q, key)
             return v.detach().float().cpu().reshape(getattr(q, "ds_shape", q.shape))
 
         params = list(self.module.parameters())
