@@ -1,12 +1,8 @@
-"""The one typed config of a harness run.
+"""The one typed config of a harness run: typed fields, each with its default and docstring.
 
-Every knob is a typed field with a default and its doc string right under it (CleanRL style).
-Configs come from YAML plus dotted overrides (`--set ppo.kl_coef=0.1`) and are validated by the
-one engine, `harness.schema`, completely before any model is built: an unknown key names the
-closest valid key, a bad type or out-of-range value names the file, the field, the value and what
-is allowed. Rules that span fields are `cross_checks`.
-
-Paper references ("Secrets of RLHF I", "APA") point to `../shared/docs/paper-notes.md`.
+Configs come from YAML plus dotted overrides (`--set ppo.kl_coef=0.1`), validated completely by
+`harness.schema` before any model is built; rules that span fields are `cross_checks`. Paper
+references ("Secrets of RLHF I", "APA") point to `../shared/docs/paper-notes.md`.
 """
 from __future__ import annotations
 
@@ -26,6 +22,10 @@ from .schema import Batch, Bool, ConfigError, Count, Float, Int, NonNeg, Pos, Po
 from .schema import iter_fields, merge, parse_overrides, parse_value, read_yaml, set_dotted  # noqa: F401 - the code imports them from here
 
 Tokens = Annotated[Int, Field(ge=1, le=1_000_000)]
+# The names of `harness.algorithms.estimators.ADV_ESTIMATORS` and `LOSS_AGGREGATIONS`, written out so
+# that loading a config needs no torch (tests/test_estimators.py checks that they agree).
+AdvEstimator = Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"]
+LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 
 
 def _checked(ok: Any, allowed: str) -> Any:
@@ -101,6 +101,8 @@ class GenerationConfig:
     """Nucleus sampling mass (1.0 = off)."""
     stop_at_eos: Bool = True
     """End a response at the EOS token (it counts as the last response token); false = always run to the cap."""
+    samples_per_prompt: PosCount = 1
+    """G: responses sampled per prompt (a group; the group estimators need G >= 2). ppo.rollout_batch_size counts responses, so rollout_batch_size / G prompts are drawn per step."""
 
 
 @section
@@ -108,7 +110,7 @@ class PPOConfig:
     steps: PosCount = 200
     """PPO steps (one rollout batch, then ppo_epochs over it, per step)."""
     rollout_batch_size: Batch = 32
-    """Prompts sampled per step (one response each)."""
+    """Responses sampled per step: rollout_batch_size / generation.samples_per_prompt prompts, G responses each."""
     ppo_epochs: Annotated[Int, Field(ge=1, le=1000)] = 2
     """Passes over each rollout batch."""
     num_minibatches: Batch = 2
@@ -123,6 +125,10 @@ class PPOConfig:
     """Learning-rate shape after warmup, decaying to zero at the last update (`constant` = none)."""
     weight_decay: NonNeg = 0.0
     """AdamW weight decay."""
+    adv_estimator: AdvEstimator = "gae"
+    """Advantage estimator (`harness.algorithms.estimators`): `gae` uses the critic; the others are critic-free (no critic is built or trained): `grpo`, `dr_grpo`, `rloo` and `reinforce_pp_baseline` compare the G samples of a prompt (generation.samples_per_prompt >= 2), `reinforce_pp` whitens returns over the batch, `remax` subtracts the score of one greedy response per prompt. ppo.adv_normalize still whitens per minibatch on top (false = the estimator's own scale)."""
+    loss_aggregation: LossAggregation = "token_mean"
+    """How the policy loss's tokens combine: `token_mean` over all tokens of the minibatch (PPO's usual); `seq_mean_token_mean` = mean over responses of each one's token mean (GRPO's original); `seq_mean_token_sum` = mean over responses of token sums / generation.max_new_tokens (Dr. GRPO)."""
     gamma: Unit = 1.0
     """GAE discount; the reference code uses 1."""
     gae_lambda: Unit = 0.95
@@ -148,9 +154,11 @@ class PPOConfig:
     adv_clip: Pos | None = None
     """Advantage clipping delta_a: clamp to +-delta_a after normalization (null = off)."""
     kl_coef: NonNeg = 0.05
-    """Token-level KL penalty eta (trick 1): r_t = -eta * KL_t at every response token; 0 = off."""
+    """KL coefficient eta (trick 1), placed by kl_placement; 0 = off."""
+    kl_placement: Literal["reward", "loss"] = "reward"
+    """`reward`: the token-level penalty r_t = -eta * KL_t at every response token; `loss` (GRPO): no KL in the reward, eta * aggregate(KL_t) (by loss_aggregation) added to the policy loss."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    """Per-token KL estimator for the penalty: k1 = log(pi/ref); k2 = 0.5*log(pi/ref)^2; k3 = ref/pi - 1 - log(ref/pi)."""
+    """Per-token KL estimator, in the reward or the loss alike: k1 = log(pi/ref); k2 = 0.5*log(pi/ref)^2; k3 = ref/pi - 1 - log(ref/pi)."""
     kl_controller: Literal["fixed", "adaptive"] = "fixed"
     """`fixed` eta, or the adaptive controller of Ziegler et al.: eta *= 1 + clip(kl/kl_target - 1, +-0.2) * batch/kl_horizon."""
     kl_target: Pos = 0.1
@@ -295,6 +303,10 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
             f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
             f"ppo.rollout_batch_size={cfg.ppo.rollout_batch_size}"
         )
+    G = cfg.generation.samples_per_prompt
+    if cfg.ppo.rollout_batch_size % G:
+        p.append(f"ppo.rollout_batch_size: got {cfg.ppo.rollout_batch_size}; allowed: a multiple of "
+                 f"generation.samples_per_prompt={G} (it counts responses, G per prompt)")
     if cfg.data.source == "hh_rlhf" and not cfg.data.hh_path:
         p.append("data.hh_path: got ''; allowed: a path to an HH-RLHF .jsonl or .jsonl.gz file when data.source=hh_rlhf")
     if cfg.distributed.offload_params and cfg.distributed.zero_stage != 3:
@@ -334,10 +346,14 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 BOOKKEEPING = ("logging.", "device", "threads")
 
 
+def computed_fields(cfg: TrainConfig) -> dict[str, Any]:
+    """The flattened fields that change what a run computes (not where it logs)."""
+    return {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
+
+
 def config_hash(cfg: TrainConfig) -> str:
-    """Hash of everything that changes what a run computes (not where it logs)."""
-    flat = {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
-    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Hash of `computed_fields`."""
+    return hashlib.sha256(json.dumps(computed_fields(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def to_yaml(cfg: Any) -> str:

@@ -1,14 +1,7 @@
-"""The collapse rule over the indicators (paper section 4).
+"""The collapse rule over the indicators (paper section 4; the rule itself: `CollapseConfig.enabled`).
 
-A step is *collapsing* when either
-  - gold reward is known and its smoothed value has fallen more than `gold_drop` below its best
-    smoothed value so far (the policy is fooling the reward model: the paper's pattern collapse as
-    a person would judge it), or
-  - at least two of the generic indicators fire on their smoothed values: KL to the reference
-    above `kl_max`, policy perplexity of its own samples below `ppl_min` (degenerate, repetitive
-    text), more than `cap_frac_max` of responses at the length cap.
-`patience` collapsing steps in a row mark the run collapsed; `collapse/step` is the first step of
-that streak. Smoothing is an EMA so one noisy batch neither triggers nor hides a collapse.
+Indicators are smoothed by an EMA, so one noisy batch neither triggers nor hides a collapse;
+`collapse/step` is the first step of the `patience`-long streak.
 """
 from __future__ import annotations
 
@@ -40,19 +33,13 @@ class CollapseDetector:
 
     def signals(self, m: dict[str, float]) -> list[str]:
         c = self.cfg
-        fired = []
         kl = self._smooth("kl", m[keys.KL])
         ppl = self._smooth("ppl", m[keys.PPL])
         cap = self._smooth("cap", m[keys.FRAC_AT_CAP])
-        generic = []
-        if kl > c.kl_max:
-            generic.append(f"KL {kl:.2f} > {c.kl_max:g}")
-        if ppl < c.ppl_min:
-            generic.append(f"perplexity {ppl:.3f} < {c.ppl_min:g}")
-        if cap > c.cap_frac_max:
-            generic.append(f"{cap:.0%} of responses at the length cap")
-        if len(generic) >= 2:
-            fired += generic
+        generic = [msg for bad, msg in ((kl > c.kl_max, f"KL {kl:.2f} > {c.kl_max:g}"),
+                                        (ppl < c.ppl_min, f"perplexity {ppl:.3f} < {c.ppl_min:g}"),
+                                        (cap > c.cap_frac_max, f"{cap:.0%} of responses at the length cap")) if bad]
+        fired = generic if len(generic) >= 2 else []
         if keys.GOLD_SCORE in m:
             gold = self._smooth("gold", m[keys.GOLD_SCORE])
             self.best_gold = gold if self.best_gold is None else max(self.best_gold, gold)

@@ -18,6 +18,7 @@ transformers.utils.logging.set_verbosity_error()
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from .algorithms.estimators import NEEDS_CRITIC
 from .config import TrainConfig
 
 
@@ -77,7 +78,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
     fields = {"model.sft_path": m.sft_path, "model.reward_path": m.reward_path}
     if m.policy_init == "pretrained":
         fields["model.pretrained_path"] = m.pretrained_path
-    if m.critic_path:
+    if m.critic_path and cfg.ppo.adv_estimator in NEEDS_CRITIC:
         fields["model.critic_path"] = m.critic_path
     vocab: dict[str, int] = {}
     for field, raw in fields.items():
@@ -110,13 +111,6 @@ def preflight(cfg: TrainConfig) -> list[str]:
 def base_of(model: nn.Module) -> nn.Module:
     """The transformer trunk of an HF model with a head (GPT-2: .transformer, Llama: .model)."""
     return getattr(model, model.base_model_prefix)
-
-
-def freeze(model: nn.Module) -> nn.Module:
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
 
 
 class ScalarHeadModel(nn.Module):
@@ -182,7 +176,7 @@ def build_critic(cfg: TrainConfig, sft_path: str, reward_path: str, dtype: torch
 
 
 class Models:
-    """The four models of a run, placed on one device, reference and reward frozen."""
+    """The four models of a run (three for a critic-free estimator), on one device, reference and reward frozen."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
         sft = resolve_path(cfg.model.sft_path, cfg, "model.sft_path")
@@ -191,14 +185,14 @@ class Models:
         self.tokenizer = load_tokenizer(cfg)
         # DeepSpeed bf16/fp16 runs load weights in that precision (a 7B model in fp32 would not fit)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.distributed.precision, torch.float32) if cfg.distributed.deepspeed else torch.float32
-        self.policy = load_causal_lm(policy_src, dtype).to(device)
-        self.policy.eval()  # dropout off: ratios must be 1 on the first minibatch
-        self.reference = freeze(load_causal_lm(sft, dtype).to(device))
-        self.reward = freeze(load_reward_model(reward, dtype).to(device))
-        torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
-        critic_src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
-        self.critic = build_critic(cfg, critic_src or sft, critic_src or reward, dtype).to(device)
-        self.critic.eval()
+        self.policy = load_causal_lm(policy_src, dtype).to(device).eval()  # dropout off: first-minibatch ratios are 1
+        self.reference = load_causal_lm(sft, dtype).to(device).eval().requires_grad_(False)
+        self.reward = load_reward_model(reward, dtype).to(device).eval().requires_grad_(False)
+        self.critic: ScalarHeadModel | None = None  # critic-free advantage estimators build none
+        if cfg.ppo.adv_estimator in NEEDS_CRITIC:
+            torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
+            src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
+            self.critic = build_critic(cfg, src or sft, src or reward, dtype).to(device).eval()
         if self.policy.config.vocab_size < len(self.tokenizer):
             raise ModelPathError(
                 f"model.tokenizer_path: tokenizer has {len(self.tokenizer)} tokens but the policy's vocab is "

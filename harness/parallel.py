@@ -1,14 +1,9 @@
 """Processes and engines: what one training run needs to span several ranks (or just one).
 
-- `DistEnv`: this process's place in the job; every collective is a no-op at world size 1.
-- `setup` / `teardown`: validate the `distributed` section against the hardware and the launch
-  (ConfigError before any model is built), then join the job's process group.
-- `Engine`: a trained model (policy or critic) with its AdamW and schedule, run by plain torch
-  (gradients all-reduced across ranks when world size > 1) or by DeepSpeed ZeRO
-  (`distributed.deepspeed: true`); `backward` takes a micro-batch loss already normalized by the
-  global token count, so summed over ranks and micro-batches it is the one-rank gradient.
-  `full_state` / `load_full_state` convert to and from the single-process checkpoint format.
-- `agree_stop`: rank 0's stop decision (callback or STOP file), the same on every rank.
+`DistEnv` (collectives are no-ops at world size 1); `setup` / `teardown` (validate the `distributed`
+section against hardware and launch, then join the process group); `Engine` (policy or critic with
+its AdamW, plain torch or DeepSpeed ZeRO, with the single-process checkpoint format on both sides);
+`agree_stop` (rank 0's stop decision, the same on every rank).
 """
 from __future__ import annotations
 
@@ -22,7 +17,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
+from .algorithms.estimators import NEEDS_CRITIC, NEEDS_GROUPS
 from .config import ConfigError, TrainConfig
 
 
@@ -61,8 +58,6 @@ class DistEnv:
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if not self.active:
             return t
-        import torch.distributed as dist
-
         out = t.detach().clone()
         dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
         return out
@@ -71,20 +66,14 @@ class DistEnv:
         """Concatenate equally shaped tensors from all ranks along dim 0, in rank order."""
         if not self.active:
             return t
-        import torch.distributed as dist
-
-        t = t.contiguous()
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
-        dist.all_gather(parts, t)
+        dist.all_gather(parts, t.contiguous())
         return torch.cat(parts, 0)
 
     def broadcast_object(self, obj: Any) -> Any:
-        if not self.active:
-            return obj
-        import torch.distributed as dist
-
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        if self.active:
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def all_true(self, flag: bool, device: torch.device) -> bool:
@@ -130,10 +119,6 @@ def cpu_supports_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def gpu_supports_bf16() -> bool:
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-
-
 def deepspeed_import_error() -> str | None:
     """None when `import deepspeed` works, else the reason."""
     try:
@@ -144,7 +129,8 @@ def deepspeed_import_error() -> str | None:
 
 
 def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int | None = None) -> list[str]:
-    """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch.
+    """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch, and
+    the rules that need the advantage estimators' registry (kept out of torch-free `harness.config`).
 
     Each names the field, the value and what is allowed, like `harness.config` does.
     """
@@ -188,10 +174,17 @@ def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int |
             if dev == "cpu" and not cpu_supports_bf16():
                 allowed = "'fp32'" if field == "distributed.precision" else "'none'"
                 out.append(f"{field}: got 'bf16' but this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag); allowed here: {allowed}")
-            if dev == "cuda" and torch.cuda.is_available() and not gpu_supports_bf16():
+            if dev == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
                 cap = ".".join(map(str, torch.cuda.get_device_capability(0)))
                 allowed = "'fp16' or 'fp32'" if field == "distributed.precision" else "'none'"
                 out.append(f"{field}: got 'bf16' but {on} (compute capability {cap}) has no bf16; allowed here: {allowed}")
+    G, est = cfg.generation.samples_per_prompt, p.adv_estimator
+    if est in NEEDS_GROUPS and G < 2:
+        out.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "
+                   "(the estimator compares the samples of one prompt)")
+    if est not in NEEDS_CRITIC and p.critic_pretrain_steps:
+        out.append(f"ppo.critic_pretrain_steps: got {p.critic_pretrain_steps} with ppo.adv_estimator={est}; "
+                   "allowed: 0 (a critic-free estimator builds no critic)")
     mb = p.rollout_batch_size // p.num_minibatches
     gas = d.gradient_accumulation
     if mb % world:
@@ -211,12 +204,6 @@ def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int |
         if lr >= torch.cuda.device_count():
             out.append(f"LOCAL_RANK={lr}: only {torch.cuda.device_count()} GPU(s) visible on this machine; allowed: --nproc_per_node <= {torch.cuda.device_count()}")
     return out
-
-
-def check(cfg: TrainConfig) -> None:
-    problems = validate(cfg)
-    if problems:
-        raise ConfigError(problems)
 
 
 def _free_port() -> int:
@@ -251,12 +238,12 @@ def setup(cfg: TrainConfig) -> DistEnv:
     A launched process (WORLD_SIZE set) joins via env:// (gloo on CPU, nccl on GPU); a one-process
     DeepSpeed run gets a private one-member group. Idempotent within a process.
     """
-    check(cfg)
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(problems)
     launched = launched_world_size() is not None
     if not (launched or cfg.distributed.deepspeed):
         return DistEnv()
-    import torch.distributed as dist
-
     device_type = _resolve_device_type(cfg)
     backend = "nccl" if device_type == "cuda" else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -276,8 +263,6 @@ def setup(cfg: TrainConfig) -> DistEnv:
 
 def teardown() -> None:
     """Leave the process group (end of `python -m harness.train`)."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -330,7 +315,8 @@ def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
 class Engine:
     """Policy or critic with its AdamW and learning-rate schedule: a DeepSpeed engine, or plain
     torch with gradients summed across ranks by hand. `backward` takes the globally normalized
-    micro-batch loss; every `gradient_accumulation`-th call steps the optimizer."""
+    micro-batch loss; every `gradient_accumulation`-th call steps the optimizer. Calling it calls
+    the engine (or module)."""
 
     def __init__(self, module: torch.nn.Module, lr: float, schedule: Callable[[int], float], cfg: TrainConfig,
                  env: DistEnv, device: torch.device):
@@ -339,14 +325,13 @@ class Engine:
         self.opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=cfg.ppo.weight_decay,
                                      fused=device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
-        self.ds = cfg.distributed.deepspeed
-        self.stage = cfg.distributed.zero_stage if self.ds else 0
-        self.gas = cfg.distributed.gradient_accumulation
-        self.ckpt = cfg.distributed.gradient_checkpointing
+        d = cfg.distributed
+        self.stage = d.zero_stage if d.deepspeed else 0
+        self.gas, self.ckpt = d.gradient_accumulation, d.gradient_checkpointing
         self.engine = None
         if self.ckpt:
             enable_gradient_checkpointing(module)
-        if self.ds:
+        if d.deepspeed:
             import deepspeed
 
             self.engine, self.ds_opt, _, _ = deepspeed.initialize(
@@ -366,25 +351,20 @@ class Engine:
     def lr(self) -> float:
         return self.sched.get_last_lr()[0]
 
-    def forward(self, *args, logits_to_keep: int | None = None, **kwargs):
-        """The engine's (or module's) forward; `logits_to_keep` passes through to HF causal LMs."""
-        if logits_to_keep is not None:
-            kwargs["logits_to_keep"] = logits_to_keep
+    def __call__(self, *args, **kwargs):
         return (self.engine or self.module)(*args, **kwargs)
-
-    __call__ = forward
 
     @contextlib.contextmanager
     def training(self):
         """Train mode only matters for gradient checkpointing (dropout is zeroed then)."""
-        if not self.ckpt:
-            yield
-            return
-        (self.engine or self.module).train()
+        target = self.engine or self.module
+        if self.ckpt:
+            target.train()
         try:
             yield
         finally:
-            (self.engine or self.module).eval()
+            if self.ckpt:
+                target.eval()
 
     def backward(self, loss: torch.Tensor) -> float | None:
         """Accumulate one micro-batch; the last of `gas` steps the optimizer and returns the
@@ -394,36 +374,38 @@ class Engine:
         if self.engine is not None:
             # DeepSpeed averages over ranks; our loss is already a share of the global mean.
             self.engine.backward(loss * self.env.world_size, scale_wrt_gas=False)
-            norm = None
-            if last and self.stage == 0:
-                norm = self._grad_norm()
+            norm = self._grad_norm() if last and self.stage == 0 else None
             self.engine.step()
-            if not last:
-                return None
-            self._micro = 0
-            if norm is None:
-                g = self.engine.get_global_grad_norm()
-                norm = float(g) if g is not None else float("nan")
-            if not math.isfinite(norm) and self.cfg.distributed.precision != "fp16":
-                raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
-            return norm
-        loss.backward()
+        else:
+            loss.backward()
         if not last:
             return None
         self._micro = 0
+        if self.engine is None:
+            norm = self._step()
+        elif norm is None:
+            g = self.engine.get_global_grad_norm()
+            norm = float(g) if g is not None else float("nan")
+        # fp16 under DeepSpeed: the loss scaler skips overflowing steps itself
+        if not math.isfinite(norm) and not (self.engine is not None and self.cfg.distributed.precision == "fp16"):
+            raise NonFiniteLoss(f"gradient norm is {norm} (non-finite); "
+                                "try a lower learning rate or ppo.max_grad_norm > 0")
+        return norm
+
+    def _step(self) -> float:
+        """Plain torch: sum gradients over ranks (one flat all-reduce), clip, step; the norm before clipping."""
         params = [q for q in self.module.parameters() if q.grad is not None]
-        if self.env.active:  # one all-reduce of all gradients, flattened
+        if self.env.active:
             flat = self.env.all_reduce(torch.cat([q.grad.reshape(-1) for q in params]))
             for q, g in zip(params, flat.split([q.numel() for q in params])):
                 q.grad.copy_(g.view_as(q.grad))
         max_norm = self.cfg.ppo.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if not torch.isfinite(norm):
-            raise NonFiniteLoss(f"gradient norm is {norm.item()} (non-finite); try a lower learning rate or ppo.max_grad_norm > 0")
-        self.opt.step()
-        self.sched.step()
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")).item()
+        if math.isfinite(norm):  # a non-finite step would only poison the weights before the run fails
+            self.opt.step()
+            self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        return norm.item()
+        return norm
 
     def _grad_norm(self) -> float:
         grads = [q.grad.detach().float() for q in self.module.parameters() if q.grad is not None]
@@ -432,45 +414,38 @@ class Engine:
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
 
     # ---------------------------------------------------------------- consolidated state
-    def _partitioned(self) -> bool:
-        return self.engine is not None and self.stage > 0
-
     def full_state(self) -> tuple[dict, dict]:
         """(module state_dict, torch AdamW state_dict) with full fp32 tensors on CPU.
 
         Collective under ZeRO (call on every rank); ranks other than 0 may drop the result.
         """
-        if not self._partitioned():
+        if not self.stage:
             opt = self.ds_opt if self.engine is not None else self.opt
-            return ({k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-                    _cpu(opt.state_dict()))
+            return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}, _cpu(opt.state_dict())
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-        keep = self.env.is_main
+        def full(q: torch.Tensor, key: str | None = None) -> torch.Tensor:
+            v = safe_get_full_fp32_param(q) if key is None else safe_get_full_optimizer_state(q, key)  # collective
+            if not self.env.is_main:
+                return torch.empty(0)
+            return v.detach().float().cpu().reshape(getattr(q, "ds_shape", q.shape))
+
         params = list(self.module.parameters())
-        full: dict[int, torch.Tensor] = {}
-        for q in params:
-            v = safe_get_full_fp32_param(q)
-            full[id(q)] = v.detach().float().cpu().reshape(_shape(q)) if keep else torch.empty(0)
-        weights = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            weights[name] = full[id(t)] if id(t) in full else t.detach().cpu().clone()
-        inner = self.ds_opt.optimizer
+        by_id = {id(q): full(q) for q in params}
+        weights = {k: by_id.get(id(t), t.detach().cpu()) for k, t in self.module.state_dict(keep_vars=True).items()}
+        inner = self.ds_opt.optimizer  # AdamW over ZeRO's flat fp32 partitions
         step = next((st["step"] for st in inner.state.values() if "step" in st), None)
-        state: dict[int, dict] = {}
-        if step is not None:
-            for i, q in enumerate(params):
-                ent = {"step": torch.as_tensor(step, dtype=torch.float32).detach().cpu().clone()}
-                for k in ("exp_avg", "exp_avg_sq"):
-                    v = safe_get_full_optimizer_state(q, k)
-                    ent[k] = v.detach().float().cpu().reshape(_shape(q)) if keep else torch.empty(0)
-                state[i] = ent
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(range(len(params)))} for g in inner.param_groups[:1]]
-        return weights, {"state": state, "param_groups": groups}
+        state = {} if step is None else {
+            i: {"step": torch.as_tensor(step, dtype=torch.float32).cpu().clone(),
+                "exp_avg": full(q, "exp_avg"), "exp_avg_sq": full(q, "exp_avg_sq")}
+            for i, q in enumerate(params)
+        }
+        group = {k: v for k, v in inner.param_groups[0].items() if k != "params"}
+        return weights, {"state": state, "param_groups": [{**group, "params": list(range(len(params)))}]}
 
     def load_full_state(self, weights: dict, opt_state: dict | None) -> None:
         """Inverse of `full_state`, from any world size or stage (or a single-process checkpoint)."""
-        if not self._partitioned():
+        if not self.stage:
             self.module.load_state_dict(weights)
             if opt_state is not None:
                 (self.ds_opt if self.engine is not None else self.opt).load_state_dict(opt_state)
@@ -479,58 +454,49 @@ class Engine:
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
         named = dict(self.module.named_parameters())
-        params = list(self.module.parameters())
         missing = [k for k in named if k not in weights]
         if missing:
             raise KeyError(f"checkpoint lacks weights for {missing[:5]}")
-        if self.stage == 3:
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-                if self.env.is_main:
-                    for k, q in named.items():
-                        q.data.copy_(weights[k].to(q.dtype))
-        else:
-            for k, q in named.items():
-                q.data.copy_(weights[k].to(device=q.device, dtype=q.dtype))
+        if opt_state and opt_state.get("state"):
+            self._create_optimizer_state()
+        # ZeRO-3 holds no whole parameter outside a gather: rank 0 writes it there, ZeRO re-partitions
+        with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=0, enabled=self.stage == 3):
+            if self.env.is_main or self.stage < 3:
+                for k, q in named.items():
+                    q.data.copy_(weights[k].to(device=q.device, dtype=q.dtype))
         for k, q in named.items():
             safe_set_full_fp32_param(q, weights[k].to(q.device if q.numel() else _ds_device()).float())
         for name, buf in self.module.named_buffers():
             if name in weights:
                 buf.copy_(weights[name].to(buf.dtype))
-        if opt_state is None or not opt_state.get("state"):
+        if not (opt_state and opt_state.get("state")):
             return
-        inner = self.ds_opt.optimizer
-        # AdamW creates its state at the first step; make it now for the flat fp32 partitions
-        # (ZeRO-3 only lists them in param_groups during step)
-        flat = (getattr(self.ds_opt, "fp32_partitioned_groups_flat", None) or getattr(self.ds_opt, "single_partition_of_fp32_groups", None)
-                or [fp for g in inner.param_groups for fp in g["params"]])
-        on_device = any(g.get("fused") or g.get("capturable") for g in inner.param_groups)  # step tensor beside the params
-        for fp in flat:
-            if fp not in inner.state or "exp_avg" not in inner.state[fp]:
-                step0 = torch.tensor(0.0, dtype=torch.float32, device=fp.device if on_device else "cpu")
-                inner.state[fp] = {"step": step0, "exp_avg": torch.zeros_like(fp), "exp_avg_sq": torch.zeros_like(fp)}
-        if hasattr(self.ds_opt, "_hp_optimizer_states_linked"):
-            self.ds_opt._hp_optimizer_states_linked = False
-            self.ds_opt._lazy_init_hp_params_optimizer_state()
         step = None
-        for i, q in enumerate(params):
+        for i, q in enumerate(named.values()):
             ent = opt_state["state"].get(i) or opt_state["state"].get(str(i))
-            if ent is None:
-                continue
-            step = ent["step"]
-            for k in ("exp_avg", "exp_avg_sq"):
-                safe_set_full_optimizer_state(q, ent[k].to(_ds_device()).float(), k)
-        if step is not None:
-            for st in inner.state.values():
+            if ent is not None:
+                step = ent["step"]
+                for k in ("exp_avg", "exp_avg_sq"):
+                    safe_set_full_optimizer_state(q, ent[k].to(_ds_device()).float(), k)
+        inner = self.ds_opt.optimizer
+        for st in inner.state.values():
+            if step is not None:
                 st["step"] = torch.as_tensor(step, dtype=torch.float32).clone().to(st["step"].device)
-        saved = opt_state["param_groups"][0]
         for g in inner.param_groups:
-            for k, v in saved.items():
-                if k != "params" and k in g:
-                    g[k] = v
+            g.update({k: v for k, v in opt_state["param_groups"][0].items() if k != "params" and k in g})
 
-
-def _shape(q: torch.Tensor) -> torch.Size:
-    return getattr(q, "ds_shape", q.shape)
+    def _create_optimizer_state(self) -> None:
+        """AdamW creates its state at its first step, and ZeRO links each parameter to its slice of
+        that state only then: take one real step of zero gradients at learning rate 0, which moves
+        no weight and leaves zero moments (then overwritten; the schedule and learning rate are
+        restored from the checkpoint afterwards)."""
+        for g in self.ds_opt.optimizer.param_groups:
+            g["lr"] = 0.0
+        ids = torch.zeros(1, 2, dtype=torch.long, device=_ds_device())
+        ones = torch.ones_like(ids)
+        for _ in range(self.gas):
+            out = self.engine(input_ids=ids, attention_mask=ones, position_ids=ones.cumsum(1) - 1)
+            self.backward(0.0 * getattr(out, "logits", out).float().sum())
 
 
 def _ds_device() -> torch.device:

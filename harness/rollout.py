@@ -1,13 +1,10 @@
 """Sampling with a KV cache, and the teacher-forced passes that score a rollout.
 
-Layout of a rollout batch: prompts left-padded to P tokens, responses right-padded to R tokens,
-`sequences = [prompt | response]`. Position ids come from the attention mask, so padding never
-shifts a token's position. The response token at index t is predicted from position P-1+t.
-
-Sampling is keyed: row i's token at step t is drawn by inverting the CDF of its (filtered)
-distribution at u = hash(key_i, t), where key_i hashes (seed, stream, counter, global row index).
-A row therefore samples the same tokens whichever rank holds it and whoever its batch neighbours
-are, so a run on W ranks samples what a one-rank run samples on the same global batch.
+Rollout layout: prompts left-padded to P tokens, responses right-padded to R, `sequences = [prompt |
+response]`; position ids come from the attention mask, and response token t is predicted from
+position P-1+t. Sampling is keyed: row i's token at step t inverts the CDF of its (filtered)
+distribution at u = hash(key_i, t), key_i = hash(seed, stream, counter, global row index), so a row
+samples the same tokens on any rank beside any neighbours (W ranks sample what one rank does).
 """
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ class Rollout:
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_arg(model_cls: type) -> str:
-    """Name of the KV-cache argument/output: `cache` in newer transformers, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else "past_key_values"
+def _forward_args(model_cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_cls.forward).parameters)
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -135,6 +131,7 @@ def sample(
     top_p: float = 1.0,
     stop_at_eos: bool = True,
     with_entropy: bool = False,
+    greedy: bool = False,
     fast: bool = True,
     all_finished: Callable[[bool], bool] = bool,
 ) -> Rollout:
@@ -142,26 +139,22 @@ def sample(
     from its key (`row_keys` [B], see the module doc).
 
     GPT-2 models run through `StaticGPT2Decoder` (the same weights and formulas, preallocated
-    key/value buffers, no per-token cache or mask objects); other models through their own
-    forward with the model's KV cache. `fast=False` forces the model's own forward.
+    key/value buffers, no per-token cache or mask objects); other models (or `fast=False`)
+    through `CachedDecoder`, their own forward with the model's KV cache.
     `with_entropy` also returns the policy entropy at each step (as `entropy_from_logits` of the
     temperature-scaled logits), so the teacher-forced policy pass can be skipped when the old
-    log-probs come from sampling. `all_finished(local_done)` lets every rank keep decoding until
+    log-probs come from sampling. `greedy` takes the argmax instead of drawing (ReMax's baseline
+    response; the keys are then unused). `all_finished(local_done)` lets every rank keep decoding until
     all ranks' rows have ended (ZeRO-3 forwards are collective, and shapes must agree).
     """
-    B = prompt_ids.shape[0]
-    device = prompt_ids.device
+    B, device = prompt_ids.shape[0], prompt_ids.device
     pos = position_ids(prompt_mask)
     keys = row_keys.to(device=device, dtype=torch.int64)
-    use_fast = fast and StaticGPT2Decoder.supports(model)
-    if use_fast:
+    if fast and StaticGPT2Decoder.supports(model):
         dec = StaticGPT2Decoder(model, prompt_mask, max_new_tokens)
-        logits = dec.prefill(prompt_ids, pos)
     else:
-        cache_arg = _cache_arg(type(model))
-        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, use_cache=True, **_keep_last(model))
-        past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
-        attn = prompt_mask
+        dec = CachedDecoder(model, prompt_mask)
+    logits = dec.prefill(prompt_ids, pos)
     next_pos = pos[:, -1] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     pad_col = torch.full((B,), pad_id, dtype=torch.long, device=device)
@@ -169,7 +162,10 @@ def sample(
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
-        tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
+        if greedy:
+            tok = scaled.argmax(-1)
+        else:
+            tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
         if stop_at_eos:
             tok = torch.where(finished, pad_col, tok)
         tokens.append(tok)
@@ -182,15 +178,7 @@ def sample(
                 break
         if t == max_new_tokens - 1:
             break
-        if use_fast:
-            logits = dec.step(tok, next_pos)
-        else:
-            attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], 1)
-            out = model(
-                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                use_cache=True, **{cache_arg: past},
-            )
-            past, logits = getattr(out, cache_arg), out.logits[:, -1, :]
+        logits = dec.step(tok, next_pos)
         next_pos = next_pos + 1
     response = torch.stack(tokens, 1)
     is_eos = (response == eos_id) if stop_at_eos else torch.zeros_like(response, dtype=torch.bool)
@@ -204,30 +192,46 @@ def sample(
     return Rollout(prompt_ids, prompt_mask, response, mask, sample_logprobs, ended, entropy)
 
 
+class CachedDecoder:
+    """Decoding through the model's own forward and KV cache (any causal LM)."""
+
+    def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor):
+        self.model, self.attn, self.cache = model, prompt_mask, None
+        # the KV-cache argument/output: `cache` in newer transformers, `past_key_values` before
+        self.cache_arg = "cache" if "cache" in _forward_args(type(model)) else "past_key_values"
+
+    def _run(self, ids: torch.Tensor, pos: torch.Tensor, **kw) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=pos, use_cache=True, **kw)
+        self.cache = getattr(out, self.cache_arg)
+        return out.logits[:, -1, :]
+
+    def prefill(self, prompt_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self._run(prompt_ids, pos, **_keep_last(self.model))
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, self.attn.new_ones(len(tok), 1)], 1)
+        return self._run(tok[:, None], pos[:, None], **{self.cache_arg: self.cache})
+
+
 class StaticGPT2Decoder:
     """Incremental GPT-2 forward for sampling, written against the model's own modules.
 
     Same formulas as transformers' GPT2Model/GPT2LMHeadModel in eval mode (token + position
     embeddings, pre-LN blocks of Conv1D attention and MLP, final LN, tied LM head), but with
     key/value buffers allocated once for prompt + max_new_tokens, attention masks built once, and
-    the LM head applied only at the position being sampled. This removes the per-token cost of
-    cache objects (a torch.cat per layer per token), mask construction and output containers, which
-    dominates sampling for small models. Results equal the model's forward up to float round-off
-    (checked in tests/test_fixed_seed_step.py).
+    the LM head applied only at the position being sampled: no per-token cache objects, masks or
+    output containers, which dominate sampling for small models. Results equal the model's forward
+    up to float round-off (checked in tests/test_fixed_seed_step.py).
     """
 
     def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int):
-        tr = model.transformer
-        cfg = model.config
-        self.model, self.tr = model, tr
-        self.E, self.H = cfg.n_embd, cfg.n_head
+        self.model, self.tr = model, model.transformer
+        self.E, self.H = model.config.n_embd, model.config.n_head
         self.D = self.E // self.H
-        B, P = prompt_mask.shape
-        self.B, self.P = B, P
-        L = P + max_new_tokens
-        self.k: list[torch.Tensor | None] = [None] * len(tr.h)
-        self.v: list[torch.Tensor | None] = [None] * len(tr.h)
-        self.L = L
+        B, self.P = prompt_mask.shape
+        self.L = self.P + max_new_tokens
+        self.k: list[torch.Tensor | None] = [None] * len(self.tr.h)  # key/value buffers [B, H, L, D] per layer
+        self.v: list[torch.Tensor | None] = [None] * len(self.tr.h)
         # keys a query may attend to: real prompt tokens and everything generated (as the model's
         # own path does: generated positions are never masked); each query also sees itself, so a
         # left-pad query row is never empty (its output is unused, but must not be NaN)
@@ -253,23 +257,14 @@ class StaticGPT2Decoder:
         x = tr.wte(ids) + tr.wpe(pos)
         for i, blk in enumerate(tr.h):
             a = blk.attn
-            h = blk.ln_1(x)
-            qkv = a.c_attn(h)
-            q, k, v = qkv.split(E, dim=2)
-            q = q.view(B, T, H, D).transpose(1, 2)
-            k = k.view(B, T, H, D).transpose(1, 2)
-            v = v.view(B, T, H, D).transpose(1, 2)
+            q, k, v = (z.view(B, T, H, D).transpose(1, 2) for z in a.c_attn(blk.ln_1(x)).split(E, dim=2))
             if self.k[i] is None:
-                self.k[i] = k.new_empty(B, H, self.L, D)
-                self.v[i] = v.new_empty(B, H, self.L, D)
+                self.k[i], self.v[i] = k.new_empty(B, H, self.L, D), v.new_empty(B, H, self.L, D)
             kc, vc = self.k[i], self.v[i]
-            kc[:, :, t0:t1] = k
-            vc[:, :, t0:t1] = v
+            kc[:, :, t0:t1], vc[:, :, t0:t1] = k, v
             o = F.scaled_dot_product_attention(q, kc[:, :, :t1], vc[:, :, :t1], attn_mask=mask, scale=a.scaling)
-            o = o.transpose(1, 2).reshape(B, T, E)
-            x = x + a.c_proj(o)
-            h = blk.ln_2(x)
-            x = x + blk.mlp.c_proj(blk.mlp.act(blk.mlp.c_fc(h)))
+            x = x + a.c_proj(o.transpose(1, 2).reshape(B, T, E))
+            x = x + blk.mlp.c_proj(blk.mlp.act(blk.mlp.c_fc(blk.ln_2(x))))
         self.t = t1
         return tr.ln_f(x[:, -1])
 
@@ -286,15 +281,10 @@ class StaticGPT2Decoder:
         return self.model.lm_head(h)
 
 
-@functools.lru_cache(maxsize=None)
-def _accepts_logits_to_keep(model_cls: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
-
-
 def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
     """`logits_to_keep=n` where the model (or the one a `parallel.Engine` holds) supports it (the
     LM head then runs on the last n positions only)."""
-    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(getattr(model, "module", model))) else {}
+    return {"logits_to_keep": n} if "logits_to_keep" in _forward_args(type(getattr(model, "module", model))) else {}
 
 
 def response_logits(model: torch.nn.Module, seq: torch.Tensor, attn: torch.Tensor, P: int, temperature: float) -> torch.Tensor:
@@ -308,14 +298,11 @@ def response_logits(model: torch.nn.Module, seq: torch.Tensor, attn: torch.Tenso
     return out.logits[:, -(R + 1) : -1, :].float() / temperature
 
 
-def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
-
-
 def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `tokens` and (unless with_entropy=False: None) the full-vocab entropy per position."""
     logits = response_logits(model, seq, attn, P, temperature)
-    return logprobs_of(logits, tokens), (entropy_from_logits(logits) if with_entropy else None)
+    logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    return logprobs, (entropy_from_logits(logits) if with_entropy else None)
 
 
 def fuse_activations(model: torch.nn.Module) -> int:

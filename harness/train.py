@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,7 +20,10 @@ from typing import Callable
 import torch
 
 from . import keys, parallel, provenance, tracking
-from .config import BOOKKEEPING, ConfigError, TrainConfig, config_hash, flatten, help_text, load_config, to_dict, to_yaml
+from .algorithms.estimators import NEEDS_CRITIC
+from .config import (
+    ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
+)
 from .metrics import CollapseDetector
 
 OnStep = Callable[[int, dict[str, float]], bool]
@@ -42,12 +46,6 @@ def default_run_name(cfg: TrainConfig) -> str:
 
 
 # ------------------------------------------------------------------ run files and checkpoints
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
-
-
 CHECKPOINTS = ("state.pt", "state.prev.pt")  # the latest and the one before it
 
 
@@ -98,8 +96,11 @@ class RunLog:
         self._write()
 
     def _write(self, **info) -> None:
+        """run.json, replaced atomically (a kill mid-write leaves the previous one)."""
         self.info.update(info)
-        _write_json_atomic(self.run_dir / "run.json", self.info)
+        tmp = self.run_dir / "run.json.tmp"
+        tmp.write_text(json.dumps(self.info, indent=1))
+        os.replace(tmp, self.run_dir / "run.json")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if step > self.logged_through:
@@ -129,22 +130,12 @@ class NullRunLog(RunLog):
     """The other ranks: the same calls, nothing logged or written (rank 0 speaks for the job)."""
 
     def __init__(self) -> None:
+        self.run_id = None
+
+    def _ignore(self, *args, **kwargs) -> None:
         pass
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def artifact(self, obj: dict, path: str) -> None:
-        pass
-
-    def checkpoint(self, state: dict, step: int) -> None:
-        pass
-
-    def end(self, status: str, error: str | None = None, tb: str = "") -> None:
-        pass
+    log = tags = artifact = checkpoint = end = _ignore
 
 
 def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, dict | None]:
@@ -153,7 +144,7 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
     --resume of a folder whose run had another config is refused, naming the keys that differ:
     continuing it would mix two configs in one run, and starting over would destroy it."""
     log, uri, chash = cfg.logging, cfg.logging.tracking_uri, config_hash(cfg)
-    flat = {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
+    flat = computed_fields(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
     if run_info is not None and run_info.get("config_hash") != chash:
@@ -173,6 +164,8 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
         tags = {
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
             keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train",
+            "harness.adv_estimator": cfg.ppo.adv_estimator,
+            "harness.critic_free": str(cfg.ppo.adv_estimator not in NEEDS_CRITIC).lower(),
             **provenance.record(cfg.data.world_dir if cfg.data.source == "world" else None), **log.tags,
         }
         run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)
@@ -198,7 +191,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
         raise ConfigError(problems)
     run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
     run, state = _open_run(cfg, run_dir, resume) if env.is_main else (NullRunLog(), None)
-    shared = env.broadcast_object({"run_id": run.run_id if env.is_main else None, "resumed": state is not None})
+    shared = env.broadcast_object({"run_id": run.run_id, "resumed": state is not None})
     if shared["resumed"] and not env.is_main:
         state = load_checkpoint(run_dir)
         if state is None:
@@ -322,13 +315,11 @@ def _log_samples(trainer, b, run: RunLog, step: int) -> None:
     n = trainer.cfg.logging.num_samples
     if not n:
         return
-    rows = []
-    for i in range(min(n, len(b.prompts))):
-        rows.append({
-            "prompt": b.prompts[i], "response": b.responses[i], "rm_score": round(b.scores[i].item(), 4),
-            "gold_score": None if b.gold is None else round(b.gold[i].item(), 4),
-            "length": int(b.rollout.lengths[i].item()), "ended": bool(b.rollout.ended[i].item()),
-        })
+    rows = [{
+        "prompt": b.prompts[i], "response": b.responses[i], "rm_score": round(b.scores[i].item(), 4),
+        "gold_score": None if b.gold is None else round(b.gold[i].item(), 4),
+        "length": int(b.rollout.lengths[i].item()), "ended": bool(b.rollout.ended[i].item()),
+    } for i in range(min(n, len(b.prompts)))]
     run.artifact({"step": step, "rows": rows}, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")
 
 
@@ -338,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness.train",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train one PPO / APA / AWR run and log it to MLflow.",
-        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + help_text(),
+        # long `key = default (allowed)` lines wrap too: the registry's names make some >100 characters
+        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + "\n".join(
+            textwrap.fill(line, 100, subsequent_indent=" " * 6) for line in help_text().split("\n")),
     )
     ap.add_argument("config", nargs="?", help="YAML config file (optional: defaults + --set work alone)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -353,13 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(to_yaml(cfg))
-        return 0
-    try:
+        if args.print_config:
+            print(to_yaml(cfg))
+            return 0
         result = train(cfg, resume=args.resume)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

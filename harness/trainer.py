@@ -1,27 +1,12 @@
-"""The PPO step, top to bottom: rollout -> scores -> per-token rewards -> GAE -> PPO epochs.
+"""The PPO step, top to bottom: rollout -> scores -> per-token rewards -> advantages -> PPO epochs.
 
-Every trick is a flag in `harness.config`; every formula is a pure function in
-`harness.algorithms`. This module only orchestrates, so the loop reads in one place.
-
-One trainer for one process or many (`parallel.DistEnv`: every collective is a no-op at world
-size 1). What W ranks compute is, up to float rounding, what one rank computes on the same
-global batch:
-
-- **Global batch, sharded.** `ppo.rollout_batch_size` is the global batch. Every rank draws the
-  same prompt indices (the data generator is seeded alike) and generates and scores its contiguous
-  slice of rows with keyed sampling (`rollout.sample`): a row's tokens do not depend on its rank.
-  Prompts are left-padded to the global batch's longest, and decoding runs until every rank's rows
-  have ended, so shapes agree.
-- **Gather once, compute the rest everywhere.** The scored shards are all-gathered: reward
-  statistics, per-token rewards, GAE and the rollout metrics are the one-rank computation, run
-  redundantly (cheap elementwise ops).
-- **Global minibatches, token-weighted losses.** Minibatches come from the global batch by the
-  one-rank permutation; advantages are whitened over the global minibatch; each rank takes its
-  share of the minibatch rows, split into `distributed.gradient_accumulation` micro-batches, and
-  back-propagates sum(token losses) / (global token count): summed over ranks and micro-batches,
-  the one-rank minibatch gradient. Logged losses are all-reduced token sums, the same on every rank.
-- **Consolidated checkpoints.** `state_dict()` gathers the single-process format from every rank,
-  so a checkpoint of any world size or ZeRO stage reloads into any other.
+Every trick is a flag in `harness.config` and every formula a pure function in `harness.algorithms`;
+this module only orchestrates. One trainer runs 1 rank or W (`parallel.DistEnv`), computing what one
+rank computes on the same global batch up to float rounding: every rank draws the same prompts and
+samples its slice with keyed sampling; the scored shards are all-gathered once and rewards,
+advantages and rollout metrics computed redundantly; each rank back-propagates its share of a
+global minibatch's loss numerator over the global denominator; `state_dict()` gathers the
+single-process checkpoint format.
 """
 from __future__ import annotations
 
@@ -35,20 +20,10 @@ import torch
 
 from . import keys
 from .algorithms import (
-    POLICY_LOSSES,
-    AdaptiveKLController,
-    FixedKLController,
-    RunningMeanStd,
-    compute_gae,
-    entropy_term,
-    kl_per_token,
-    masked_mean,
-    masked_whiten,
-    perplexity,
-    process_scores,
-    token_rewards,
-    value_loss,
+    POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
+    masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
+from .algorithms.estimators import NEEDS_CRITIC, NEEDS_GREEDY, aggregate, estimate
 from .config import TrainConfig
 from .data import PromptSource
 from .models import Models
@@ -66,12 +41,11 @@ class Batch:
     rollout: Rollout
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
-    old_values: torch.Tensor
+    old_values: torch.Tensor  # zeros without a critic
     entropy: torch.Tensor
     scores: torch.Tensor  # [B] raw RM score
     processed_scores: torch.Tensor  # [B]
     gold: torch.Tensor | None  # [B]
-    rewards: torch.Tensor
     non_score_rewards: torch.Tensor
     kl: torch.Tensor  # k1 per token
     advantages: torch.Tensor
@@ -99,7 +73,8 @@ class Minibatch:
     returns: torch.Tensor
     P: int
     n_tokens: torch.Tensor
-    """Response tokens in the whole minibatch (all ranks): every loss is a token sum divided by it."""
+    """Response tokens in the whole minibatch (all ranks): the critic, entropy and ptx losses are token
+    sums divided by it."""
     parts: list[slice]
     """This rank's micro-batches: rows of the minibatch."""
     first: dict
@@ -147,19 +122,20 @@ class PPOTrainer:
                 f"context of {self.max_positions} tokens, leaving room for the prompt"
             )
         for model in (models.policy, models.reference, models.reward, models.critic):
-            fuse_activations(model)  # GPT-2's gelu_new as one fused kernel: same function, ~3x cheaper
+            if model is not None:
+                fuse_activations(model)  # GPT-2's gelu_new as one fused kernel: same function, ~3x cheaper
         p, d = cfg.ppo, cfg.distributed
         schedule = lr_lambda(cfg, max(1, p.steps * p.ppo_epochs * p.num_minibatches))
         self.policy = Engine(models.policy, p.policy_lr, schedule, cfg, env, device)
-        self.critic = Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
+        # critic-free estimators: no critic forward, update, pretraining or val/ metrics
+        self.critic = None
+        if p.adv_estimator in NEEDS_CRITIC:
+            self.critic = Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
         self.reference = frozen(models.reference, cfg, env, device)
         self.reward = frozen(models.reward, cfg, env, device)
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
         self.reward_stats = RunningMeanStd()
-        self.kl_ctl = (
-            AdaptiveKLController(p.kl_coef, p.kl_target, p.kl_horizon)
-            if p.kl_controller == "adaptive" else FixedKLController(p.kl_coef)
-        )
+        self.kl_ctl = KLController(p.kl_coef, p.kl_target if p.kl_controller == "adaptive" else None, p.kl_horizon)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.rollout_counter = 0  # rollouts made so far: the sampling noise's counter
         self.prompt_order: list[int] = []
@@ -185,7 +161,7 @@ class PPOTrainer:
         return out
 
     # ------------------------------------------------------------------ rollout + scoring
-    def generate(self, model, token_lists: list[list[int]], stream: int, counter: int, with_entropy: bool = False) -> Rollout:
+    def generate(self, model, token_lists: list[list[int]], stream: int, counter: int, **kw) -> Rollout:
         """This rank's shard of a global batch of prompts. Rows are padded to a multiple of the world
         size with copies of row 0 (`gather` drops them); row j's noise is keyed by (seed, stream, counter, j)."""
         g, W = self.cfg.generation, self.env.world_size
@@ -196,55 +172,48 @@ class PPOTrainer:
             return sample(
                 model, ids, mask, counter_hash(self.cfg.seed, stream, counter, torch.arange(lo, hi)),
                 max_new_tokens=g.max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id, temperature=g.temperature,
-                top_k=g.top_k, top_p=g.top_p, stop_at_eos=g.stop_at_eos, with_entropy=with_entropy,
-                fast=self.fast_sampling, all_finished=lambda done: self.env.all_true(done, self.device),
+                top_k=g.top_k, top_p=g.top_p, stop_at_eos=g.stop_at_eos, fast=self.fast_sampling,
+                all_finished=lambda done: self.env.all_true(done, self.device), **kw,
             )
 
     def gather(self, t: torch.Tensor | None, n: int) -> torch.Tensor | None:
         """The first n rows of the ranks' shards, in rank order (the global batch)."""
         return None if t is None else self.env.all_gather(t)[:n]
 
-    def gather_rollout(self, ro: Rollout, n: int) -> Rollout:
-        return Rollout(*(self.gather(getattr(ro, f.name), n) for f in dataclasses.fields(Rollout)))
-
-    def decode(self, ro: Rollout) -> tuple[list[str], list[str]]:
+    @torch.no_grad()
+    def scored(self, ro: Rollout, n: int) -> tuple[Rollout, torch.Tensor, list[str], list[str], torch.Tensor | None]:
+        """This rank's shard scored by the RM, then the global batch of n rows: (rollout, raw
+        scores, prompt texts, response texts, gold scores or None)."""
+        with self.autocast:
+            scores = self.reward.score_last(ro.sequences, ro.attention_mask, position_ids(ro.attention_mask)).float()
+        scores = self.gather(scores, n)
+        ro = Rollout(*(self.gather(getattr(ro, f.name), n) for f in dataclasses.fields(Rollout)))
         prompts = [self.tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True) for ids, m in zip(ro.prompt_ids, ro.prompt_mask)]
         responses = [
             self.tok.decode([t for t in ids[m.bool()].tolist() if t != self.eos_id], skip_special_tokens=True)
             for ids, m in zip(ro.response_ids, ro.response_mask)
         ]
-        return prompts, responses
+        gold = None
+        if self.source.gold is not None:
+            gold = torch.tensor(self.source.gold(prompts, responses, ro.ended.tolist()), dtype=torch.float32)
+        return ro, scores, prompts, responses, gold
 
-    @torch.no_grad()
-    def score(self, ro: Rollout) -> torch.Tensor:
-        """Raw RM scores of this rank's rows."""
-        attn = ro.attention_mask
-        with self.autocast:
-            return self.reward.score_last(ro.sequences, attn, position_ids(attn)).float()
-
-    def gold(self, ro: Rollout, prompts: list[str], responses: list[str]) -> torch.Tensor | None:
-        if self.source.gold is None:
-            return None
-        return torch.tensor(self.source.gold(prompts, responses, ro.ended.tolist()), dtype=torch.float32)
-
-    def advantages(self, scores, logprobs, ref_logprobs, values, mask):
-        """Scores -> processed scores -> per-token rewards (KL penalty) -> GAE advantages and returns."""
-        cfg, p = self.cfg, self.cfg.ppo
-        processed = process_scores(scores, self.reward_stats, scale=cfg.reward.scale, normalize=cfg.reward.normalize, clip=cfg.reward.clip)
-        kl = (logprobs - ref_logprobs) * mask
-        kl_pen = kl_per_token(logprobs, ref_logprobs, p.kl_estimator) * mask
-        rewards, non_score = token_rewards(processed, kl_pen, mask, self.kl_ctl.value)
-        advantages, returns = compute_gae(rewards, values, mask, p.gamma, p.gae_lambda)
-        return processed, kl, rewards, non_score, advantages, returns
+    def process(self, scores: torch.Tensor, update_stats: bool = True) -> torch.Tensor:
+        r = self.cfg.reward
+        return process_scores(scores, self.reward_stats, scale=r.scale, normalize=r.normalize, clip=r.clip,
+                              update_stats=update_stats)
 
     @torch.no_grad()
     def make_batch(self, timers: dict[str, float]) -> Batch:
         cfg, p = self.cfg, self.cfg.ppo
         t0 = time.perf_counter()
-        B = p.rollout_batch_size
-        idx = self.next_prompts(B)
+        B, G = p.rollout_batch_size, cfg.generation.samples_per_prompt
+        idx = self.next_prompts(B // G)
+        lists = [self.prompt_tokens[i] for i in idx]
         counter, self.rollout_counter = self.rollout_counter, self.rollout_counter + 1
-        ro = self.generate(self.m.policy, [self.prompt_tokens[i] for i in idx], STREAM_ROLLOUT, counter, with_entropy=p.reuse_rollout_logprobs)
+        # the G samples of a prompt are adjacent rows (group = row // G); keyed by row, they differ
+        ro = self.generate(self.m.policy, [t for t in lists for _ in range(G)], STREAM_ROLLOUT, counter,
+                           with_entropy=p.reuse_rollout_logprobs)
         t1 = time.perf_counter()
         P, T = ro.prompt_ids.shape[1], cfg.generation.temperature
         seq, attn, mask = ro.sequences, ro.attention_mask, ro.response_mask.float()
@@ -262,54 +231,52 @@ class PPOTrainer:
                     first["logprobs"], first["entropy"] = logprobs, (entropy if p.entropy_coef > 0 else None)
                     logprobs, entropy = logprobs.detach(), entropy.detach()
             ref_logprobs, _ = logprobs_and_entropy(self.reference, seq, attn, P, ro.response_ids, T, with_entropy=False)
-            with torch.set_grad_enabled(keep):
-                values = critic_values(self.critic, seq, attn, P).float()
-            if keep:
-                first["values"], values = values, values.detach()
-        scores = self.score(ro)
+            values = torch.zeros_like(mask)
+            if self.critic is not None:
+                with torch.set_grad_enabled(keep):
+                    values = critic_values(self.critic, seq, attn, P).float()
+                if keep:
+                    first["values"], values = values, values.detach()
         gt = self.gather
         logprobs, ref_logprobs, values = gt(logprobs.float() * mask, B), gt(ref_logprobs.float() * mask, B), gt(values * mask, B)
-        entropy, scores, ro = gt(entropy.float(), B), gt(scores, B), self.gather_rollout(ro, B)
-        prompts, responses = self.decode(ro)
-        gold = self.gold(ro, prompts, responses)
+        entropy = gt(entropy.float(), B)
+        ro, scores, prompts, responses, gold = self.scored(ro, B)
+        processed = self.process(scores)
+        baseline = None
+        if p.adv_estimator in NEEDS_GREEDY:  # ReMax: the greedy response's processed score, per prompt
+            greedy = self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True)
+            baseline = self.process(self.scored(greedy, len(lists))[1], update_stats=False).repeat_interleave(G)
         t2 = time.perf_counter()
         mask = ro.response_mask.float()
-        processed, kl, rewards, non_score, advantages, returns = self.advantages(scores, logprobs, ref_logprobs, values, mask)
-        t3 = time.perf_counter()
+        kl = (logprobs - ref_logprobs) * mask
+        kl_pen = kl_per_token(logprobs, ref_logprobs, p.kl_estimator) * mask
+        # the penalty in the reward, or (kl_placement=loss) none here and eta * KL in the policy loss
+        kl_coef = self.kl_ctl.value if p.kl_placement == "reward" else 0.0
+        rewards, non_score = token_rewards(processed, kl_pen, mask, kl_coef)
+        advantages, returns = estimate(
+            p.adv_estimator, rewards=rewards, values=values, mask=mask, gamma=p.gamma, lam=p.gae_lambda,
+            group=torch.arange(B, device=mask.device) // G, baseline=baseline,
+        )
         timers[keys.TIME_ROLLOUT] = t1 - t0
         timers[keys.TIME_SCORE] = t2 - t1
-        timers[keys.TIME_ADVANTAGE] = t3 - t2
+        timers[keys.TIME_ADVANTAGE] = time.perf_counter() - t2
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     rewards, non_score, kl, advantages, returns, prompts, responses, first or None)
+                     non_score, kl, advantages, returns, prompts, responses, first or None)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global PPO-ptx batch (the same on every rank: drawn from the shared data generator)."""
+        """The global PPO-ptx batch, right-padded (the same on every rank: drawn from the shared data generator)."""
         pairs = self.source.sft_texts
         pick = torch.randint(len(pairs), (self.cfg.ppo.ptx_batch_size,), generator=self.data_gen).tolist()
         seqs = []
         for i in pick:
             prompt, response = pairs[i]
             ids = self._encode_prompt(prompt) + self.tok(response, add_special_tokens=False)["input_ids"] + [self.eos_id]
-            seqs.append(ids[: self.max_positions])  # long SFT replies (HH-RLHF) must fit the model's context
-        L = max(map(len, seqs))
-        ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+            seqs.append(torch.tensor(ids[: self.max_positions]))  # long SFT replies (HH-RLHF) must fit the context
+        pad = torch.nn.utils.rnn.pad_sequence
+        ids = pad(seqs, batch_first=True, padding_value=self.pad_id)
+        mask = pad([torch.ones_like(s) for s in seqs], batch_first=True)
         return ids.to(self.device), mask.to(self.device)
-
-    def minibatch_advantages(self, adv: torch.Tensor, m: torch.Tensor, add) -> torch.Tensor:
-        """Advantage normalization (masked whitening over the minibatch) and clipping, logged before and after."""
-        p = self.cfg.ppo
-        add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
-        if p.adv_normalize:
-            adv = masked_whiten(adv, m)
-        if p.adv_clip is not None:
-            adv = adv.clamp(-p.adv_clip, p.adv_clip)
-        add(keys.ADV_MEAN, masked_mean(adv, m).item())
-        add(keys.ADV_STD, masked_mean((adv - masked_mean(adv, m)) ** 2, m).sqrt().item())
-        return adv
 
     def update(self, b: Batch, train_policy: bool = True) -> dict[str, float]:
         """ppo_epochs passes over the batch in num_minibatches global minibatches; returns mean stats."""
@@ -338,22 +305,35 @@ class PPOTrainer:
                 m = mask[i]
                 R = int(m.sum(1).max().item())  # trim right padding shared by this minibatch
                 m = m[:, :R]
+                adv = b.advantages[i][:, :R]
+                add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
+                if p.adv_normalize:
+                    adv = masked_whiten(adv, m)
+                if p.adv_clip is not None:
+                    adv = adv.clamp(-p.adv_clip, p.adv_clip)
+                add(keys.ADV_MEAN, masked_mean(adv, m).item())
+                add(keys.ADV_STD, masked_var(adv, m, unbiased=False).sqrt().item())
                 x = Minibatch(
-                    seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m,
-                    self.minibatch_advantages(b.advantages[i][:, :R], m, add), b.old_logprobs[i][:, :R],
-                    b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R], P, m.sum().clamp(min=1), parts,
+                    seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m, adv,
+                    b.old_logprobs[i][:, :R], b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R],
+                    P, m.sum().clamp(min=1), parts,
                     {k: v[:, :R] for k, v in first.items() if v is not None} if mb_size == B else {},
                 )
                 if train_policy:
                     self.policy_step(x, add)
-                self.critic_step(x, add)
+                if self.critic is not None:
+                    self.critic_step(x, add)
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
     def policy_step(self, x: Minibatch, add) -> None:
-        """One optimizer step of the policy on a minibatch: loss = (sum of token losses of this rank's
-        micro-batches) / (minibatch tokens), the entropy term and PPO-ptx alike."""
+        """One optimizer step of the policy on a minibatch. Each micro-batch back-propagates its share
+        of the policy loss's `aggregate` numerator (plus eta * the KL's with kl_placement=loss) over
+        the whole minibatch's denominator; the entropy term and PPO-ptx are token means alike."""
         p, env, f64 = self.cfg.ppo, self.env, dict(dtype=torch.float64, device=self.device)
         T, with_entropy = self.cfg.generation.temperature, p.entropy_coef > 0
+        agg = (p.loss_aggregation, self.cfg.generation.max_new_tokens)
+        den = aggregate(x.mask, x.mask, *agg)[1].clamp(min=1)  # from the mask alone: every rank knows it
+        kl_coef = self.kl_ctl.value if p.kl_placement == "loss" else 0.0
         ptx = self._ptx_batch() if p.ptx_coef > 0 else None
         if ptx is not None:
             n_ptx = ptx[1][:, 1:].sum().clamp(min=1)
@@ -372,16 +352,22 @@ class PPOTrainer:
             with torch.no_grad():
                 h = sum((forward(rows)[1].float() * x.mask[rows]).sum() for rows in x.parts)
             sign = torch.sign(env.all_reduce(h) / x.n_tokens - p.entropy_target)
-        tot = torch.zeros(7, **f64)  # sums of: pg loss, entropy, clipped, approx-KL, ratio, ptx loss, tokens
+        tot = torch.zeros(7, **f64)  # sums of: pg loss numerator, entropy, clipped, approx-KL, ratio, ptx loss, tokens
         ratios, norm = [], None
         for u, rows in enumerate(x.parts):
             mu = x.mask[rows]
-            n_u = mu.sum()
             logprobs, entropy = forward(rows)
-            pg_mean, st = POLICY_LOSSES[p.policy_loss](
-                logprobs.float(), x.old_logprobs[rows], x.adv[rows], mu, clip_eps=p.clip_eps, importance_sampling=p.importance_sampling,
-                ref_logprobs=x.ref_logprobs[rows], apa_lambda=p.apa_lambda, awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight,
+            logprobs = logprobs.float()
+            loss_tok, st = POLICY_LOSSES[p.policy_loss](
+                logprobs, x.old_logprobs[rows], x.adv[rows], clip_eps=p.clip_eps,
+                importance_sampling=p.importance_sampling, ref_logprobs=x.ref_logprobs[rows], apa_lambda=p.apa_lambda,
+                awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight,
             )
+            pg_num = aggregate(loss_tok, mu, *agg)[0]
+            loss_num = pg_num
+            if kl_coef:
+                kl_tok = kl_per_token(logprobs, x.ref_logprobs[rows], p.kl_estimator)
+                loss_num = loss_num + kl_coef * aggregate(kl_tok, mu, *agg)[0]
             ent_sum = (entropy.float() * mu).sum() if with_entropy else torch.zeros((), device=self.device)
             ptx_sum = torch.zeros((), device=self.device)
             if ptx is not None:
@@ -389,16 +375,16 @@ class PPOTrainer:
                 ids, pm = ptx[0][k0 : k0 + ptx_per], ptx[1][k0 : k0 + ptx_per]
                 with self.policy.training(), self.autocast:
                     ptx_sum = lm_loss(self.policy, ids, pm) * pm[:, 1:].sum()
-            ratio, log_ratio = st["ratio"], st["log_ratio"]
+            ratio = st["ratio"]
             ratios.append((ratio, mu))
             glob = env.all_reduce(torch.stack([
-                (pg_mean * n_u).detach(), ent_sum.detach(), st["clipfrac"].to(self.device) * n_u,
-                0.5 * (log_ratio**2 * mu).sum(), (ratio * mu).sum(), ptx_sum.detach(), n_u,
+                pg_num.detach(), ent_sum.detach(), (st["clipped"] * mu).sum(),
+                0.5 * (st["log_ratio"] ** 2 * mu).sum(), (ratio * mu).sum(), ptx_sum.detach(), mu.sum(),
             ]).to(torch.float64))
             tot += glob
             if not torch.isfinite(glob[[0, 1, 5]]).all():
                 raise NonFiniteLoss(f"policy loss is non-finite (pg_loss sum {glob[0].item()}, ptx sum {glob[5].item()}); the run diverged")
-            loss = pg_mean * n_u / x.n_tokens
+            loss = loss_num / den
             if with_entropy:
                 if p.entropy_target is None:
                     loss = loss - p.entropy_coef * ent_sum / x.n_tokens
@@ -413,7 +399,7 @@ class PPOTrainer:
         r_mean = tot[4] / n
         r_var = env.all_reduce(sum(((r.double() - r_mean) ** 2 * mu).sum() for r, mu in ratios))
         add(keys.GRAD_NORM_POLICY, norm)
-        add(keys.PG_LOSS, tot[0] / n)
+        add(keys.PG_LOSS, tot[0] / den)
         add(keys.ENTROPY_LOSS, entropy_term((tot[1] / n).float(), p.entropy_coef, p.entropy_target) if with_entropy else 0.0)
         if ptx is not None:
             add(keys.PTX_LOSS, tot[5] / n_ptx)
@@ -449,13 +435,12 @@ class PPOTrainer:
         ro, mask = b.rollout, b.rollout.response_mask.float()
         lengths = ro.lengths.float()
         n_tok = mask.sum(1).clamp(min=1)
-        kl_sample = b.kl.sum(1) / n_tok
-        k3 = (torch.expm1(b.ref_logprobs - b.old_logprobs) - (b.ref_logprobs - b.old_logprobs)) * mask
+        k3 = kl_per_token(b.old_logprobs, b.ref_logprobs, "k3") * mask
         ppl, ppl_tokens = perplexity(b.old_logprobs, mask)
         out = {
             keys.RM_SCORE: b.scores.mean().item(),
             keys.RM_SCORE_STD: b.scores.std().item() if len(b.scores) > 1 else 0.0,
-            keys.KL: kl_sample.mean().item(),
+            keys.KL: (b.kl.sum(1) / n_tok).mean().item(),
             keys.KL_K3: (k3.sum(1) / n_tok).mean().item(),
             keys.KL_COEF: self.kl_ctl.value,
             keys.ENTROPY: masked_mean(b.entropy.float(), mask).item(),
@@ -467,15 +452,16 @@ class PPOTrainer:
             keys.LENGTH: lengths.mean().item(),
             keys.LENGTH_MAX: lengths.max().item(),
             keys.FRAC_AT_CAP: (lengths >= self.cfg.generation.max_new_tokens).float().mean().item(),
-            keys.VALUES: masked_mean(b.old_values, mask).item(),
-            keys.RETURNS: masked_mean(b.returns, mask).item(),
-            keys.RETURNS_STD: masked_mean((b.returns - masked_mean(b.returns, mask)) ** 2, mask).sqrt().item(),
-            keys.ADV_RAW_STD: masked_mean((b.advantages - masked_mean(b.advantages, mask)) ** 2, mask).sqrt().item(),
+            keys.ADV_RAW_STD: masked_var(b.advantages, mask, unbiased=False).sqrt().item(),
             keys.REWARD_RUNNING_MEAN: self.reward_stats.mean,
             keys.REWARD_RUNNING_STD: self.reward_stats.std,
             keys.LR_POLICY: self.policy.lr,
-            keys.LR_CRITIC: self.critic.lr,
         }
+        if self.critic is not None:
+            out[keys.VALUES] = masked_mean(b.old_values, mask).item()
+            out[keys.RETURNS] = masked_mean(b.returns, mask).item()
+            out[keys.RETURNS_STD] = masked_var(b.returns, mask, unbiased=False).sqrt().item()
+            out[keys.LR_CRITIC] = self.critic.lr
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()
             out[keys.GOLD_SCORE_STD] = b.gold.std().item() if len(b.gold) > 1 else 0.0
@@ -500,13 +486,11 @@ class PPOTrainer:
 
     def pretrain_critic(self) -> dict[str, float]:
         """Critic pretraining: one rollout step with the policy frozen, only the critic learns."""
-        b = self.make_batch({})
-        return self.update(b, train_policy=False)
+        return self.update(self.make_batch({}), train_policy=False)
 
     def seed_reward_stats(self) -> None:
         for _ in range(self.cfg.reward.running_stats_init):
-            b = self.make_batch({})
-            del b
+            self.make_batch({})
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -518,17 +502,13 @@ class PPOTrainer:
         bs = self.cfg.ppo.rollout_batch_size
 
         def run(model) -> dict:
-            out: dict[str, list] = {"rm": [], "gold": [], "length": [], "responses": []}
+            out: dict[str, list] = {"rm": [], "gold": [], "length": []}
             for s in range(0, len(self.eval_tokens), bs):
                 lists = self.eval_tokens[s : s + bs]
-                ro = self.generate(model, lists, STREAM_EVAL, s)
-                scores, ro = self.gather(self.score(ro), len(lists)), self.gather_rollout(ro, len(lists))
-                prompts, responses = self.decode(ro)
-                gold = self.gold(ro, prompts, responses)
+                ro, scores, _, _, gold = self.scored(self.generate(model, lists, STREAM_EVAL, s), len(lists))
                 out["rm"] += scores.tolist()
                 out["gold"] += [] if gold is None else gold.tolist()
                 out["length"] += ro.lengths.tolist()
-                out["responses"] += responses
             return out
 
         if self.sft_eval is None:
@@ -536,23 +516,25 @@ class PPOTrainer:
         return eval_summary(run(self.m.policy), self.sft_eval)
 
     # ------------------------------------------------------------------ checkpoint state
+    def engines(self) -> dict[str, Engine]:
+        return {"policy": self.policy} if self.critic is None else {"policy": self.policy, "critic": self.critic}
+
     def state_dict(self) -> dict:
         """Single-process checkpoint format, gathered from every rank (call on all ranks)."""
-        pw, po = self.policy.full_state()
-        cw, co = self.critic.full_state()
-        return {
-            "policy": pw, "critic": cw, "policy_opt": po, "critic_opt": co,
-            "policy_sched": self.policy.sched.state_dict(), "critic_sched": self.critic.sched.state_dict(),
+        s = {
             "reward_stats": self.reward_stats.state_dict(), "kl_coef": self.kl_ctl.value,
             "data_gen": self.data_gen.get_state(), "prompt_order": torch.tensor(self.prompt_order, dtype=torch.long),
             "rollout_counter": self.rollout_counter, "world_size": self.env.world_size,
         }
+        for name, e in self.engines().items():
+            s[name], s[f"{name}_opt"] = e.full_state()
+            s[f"{name}_sched"] = e.sched.state_dict()
+        return s
 
     def load_state_dict(self, s: dict) -> None:
-        self.policy.load_full_state(s["policy"], s["policy_opt"])
-        self.critic.load_full_state(s["critic"], s["critic_opt"])
-        self.policy.sched.load_state_dict(s["policy_sched"])
-        self.critic.sched.load_state_dict(s["critic_sched"])
+        for name, e in self.engines().items():
+            e.load_full_state(s[name], s[f"{name}_opt"])
+            e.sched.load_state_dict(s[f"{name}_sched"])
         self.reward_stats.load_state_dict(s["reward_stats"])
         self.kl_ctl.value = float(s["kl_coef"])
         self.data_gen.set_state(s["data_gen"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.algorithms import (
-    AdaptiveKLController, RunningMeanStd, compute_gae, entropy_term, kl_per_token, masked_mean,
+    KLController, RunningMeanStd, compute_gae, entropy_term, kl_per_token, masked_mean,
     masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
 from harness.algorithms.losses import apa_loss, awr_loss, ppo_loss
@@ -107,19 +107,19 @@ def test_token_level_kl_reward():
 
 def test_ppo_clipped_surrogate():
     m = T([[1.0]])
-    loss, st = ppo_loss(T([[math.log(1.5)]]), T([[0.0]]), T([[1.0]]), m, clip_eps=0.2)
-    assert close(loss, -1.2) and close(st["clipfrac"], 1.0)
-    loss, st = ppo_loss(T([[math.log(1.5)]]), T([[0.0]]), T([[-1.0]]), m, clip_eps=0.2)
-    assert close(loss, 1.5) and close(st["clipfrac"], 0.0)
-    loss, _ = ppo_loss(T([[math.log(1.5)]]), T([[0.0]]), T([[1.0]]), m, clip_eps=None)
-    assert close(loss, -1.5)
+    loss, st = ppo_loss(T([[math.log(1.5)]]), T([[0.0]]), T([[1.0]]), clip_eps=0.2)
+    assert close(masked_mean(loss, m), -1.2) and close(masked_mean(st["clipped"], m), 1.0)
+    loss, st = ppo_loss(T([[math.log(1.5)]]), T([[0.0]]), T([[-1.0]]), clip_eps=0.2)
+    assert close(masked_mean(loss, m), 1.5) and close(masked_mean(st["clipped"], m), 0.0)
+    loss, _ = ppo_loss(T([[math.log(1.5)]]), T([[0.0]]), T([[1.0]]), clip_eps=None)
+    assert close(masked_mean(loss, m), -1.5)
 
 
 def test_ppo_without_importance_sampling_is_plain_policy_gradient():
     logp = torch.tensor([[-2.0]], requires_grad=True)
-    loss, _ = ppo_loss(logp, T([[-5.0]]), T([[3.0]]), T([[1.0]]), clip_eps=0.2, importance_sampling="off")
-    assert close(loss, 6.0)  # -A * log pi, no ratio against the stale -5.0
-    loss.backward()
+    loss, _ = ppo_loss(logp, T([[-5.0]]), T([[3.0]]), clip_eps=0.2, importance_sampling="off")
+    assert close(loss, [[6.0]])  # -A * log pi, no ratio against the stale -5.0
+    loss.sum().backward()
     assert close(logp.grad, [[-3.0]])
 
 
@@ -128,25 +128,25 @@ def test_importance_sampling_against_the_reference_model():
     m = T([[1.0, 1.0, 0.0]])
     logp, old, ref = T([[-1.0, -2.0, -9.0]]), T([[-1.0, -2.0, -9.0]]), T([[-1.0 - math.log(1.5), -2.0, 0.0]])
     adv = T([[1.0, -2.0, 5.0]])
-    loss, st = ppo_loss(logp, old, adv, m, clip_eps=0.2, importance_sampling="reference", ref_logprobs=ref)
+    loss, st = ppo_loss(logp, old, adv, clip_eps=0.2, importance_sampling="reference", ref_logprobs=ref)
     # token 1: ratio 1.5 -> min(1.5*1, 1.2*1) = 1.2; token 2: ratio 1 -> -2; token 3 masked
-    assert close(loss, -(1.2 - 2.0) / 2)
-    assert close(st["ratio"][0, :2], [1.5, 1.0]) and close(st["clipfrac"], 0.5)
+    assert close(masked_mean(loss, m), -(1.2 - 2.0) / 2)
+    assert close(st["ratio"][0, :2], [1.5, 1.0]) and close(masked_mean(st["clipped"], m), 0.5)
     # the same data with the standard PPO ratio (rollout == current policy) is not clipped
-    loss, st = ppo_loss(logp, old, adv, m, clip_eps=0.2, importance_sampling="rollout", ref_logprobs=ref)
-    assert close(loss, -(1.0 - 2.0) / 2) and close(st["clipfrac"], 0.0)
+    loss, st = ppo_loss(logp, old, adv, clip_eps=0.2, importance_sampling="rollout", ref_logprobs=ref)
+    assert close(masked_mean(loss, m), -(1.0 - 2.0) / 2) and close(masked_mean(st["clipped"], m), 0.0)
     with pytest.raises(ValueError, match="allowed: rollout, reference, off"):
-        ppo_loss(logp, old, adv, m, clip_eps=0.2, importance_sampling="yes")
+        ppo_loss(logp, old, adv, clip_eps=0.2, importance_sampling="yes")
 
 
 def test_apa_and_awr_losses():
     m = T([[1.0]])
-    loss, _ = apa_loss(T([[-1.0]]), T([[-1.0]]), T([[1.0]]), m, ref_logprobs=T([[-1.5]]), apa_lambda=0.5)
-    assert close(loss, 2.25)  # (-1 - 1/0.5 + 1.5)^2
-    loss, _ = awr_loss(T([[-2.0]]), T([[-2.0]]), T([[1.0]]), m, awr_beta=2.0)
-    assert close(loss, 2.0 * math.exp(0.5))
-    loss, st = awr_loss(T([[-2.0]]), T([[-2.0]]), T([[1.0]]), m, awr_beta=2.0, awr_max_weight=1.5)
-    assert close(loss, 3.0) and close(st["clipfrac"], 1.0)
+    loss, _ = apa_loss(T([[-1.0]]), T([[-1.0]]), T([[1.0]]), ref_logprobs=T([[-1.5]]), apa_lambda=0.5)
+    assert close(masked_mean(loss, m), 2.25)  # (-1 - 1/0.5 + 1.5)^2
+    loss, _ = awr_loss(T([[-2.0]]), T([[-2.0]]), T([[1.0]]), awr_beta=2.0)
+    assert close(masked_mean(loss, m), 2.0 * math.exp(0.5))
+    loss, st = awr_loss(T([[-2.0]]), T([[-2.0]]), T([[1.0]]), awr_beta=2.0, awr_max_weight=1.5)
+    assert close(masked_mean(loss, m), 3.0) and close(masked_mean(st["clipped"], m), 1.0)
 
 
 def test_clipped_value_loss():
@@ -163,7 +163,7 @@ def test_entropy_bonus_and_clip_variant():
 
 
 def test_adaptive_kl_controller_moves_toward_target():
-    c = AdaptiveKLController(0.1, target=0.1, horizon=100)
+    c = KLController(0.1, target=0.1, horizon=100)
     c.update(0.2, n_samples=32)  # error clipped to +0.2
     assert math.isclose(c.value, 0.1 * (1 + 0.2 * 32 / 100))
     c.update(0.05, n_samples=32)  # error -0.5 clipped to -0.2

@@ -10,19 +10,21 @@ Two jobs (40-90 s in all on 2 busy cores; most of it is importing torch, transfo
 DeepSpeed and MLflow in each process):
   A  `launch_train` -> torchrun, 2 ranks. The worker first runs, in-process, DeepSpeed ZeRO-2
      (stopped by an on_step callback after step 2 of 3), ZeRO-3 with gradient accumulation 2, and
-     plain data parallel with one minibatch and old log-probs from sampling ("ddp1"); then
+     plain data parallel with one minibatch and old log-probs from sampling ("ddp1"), and critic-free
+     GRPO with 2 samples per prompt ("grpo2"); then
      `harness.train.main` (the CLI path) for a plain data-parallel run without DeepSpeed
      (gradients all-reduced by hand), whose steps launch_train feeds to an on_step callback by
      polling MLflow.
   B  one process: the reference run (plain torch, no process group, 3 steps); then DeepSpeed at
      world size 1: the 2-rank ZeRO-2 run resumed from its checkpoint for step 3; a ZeRO-3 run
      stopped after step 1 and resumed (loading into ZeRO-3); the 2-rank ZeRO-3 checkpoint loaded
-     into a plain single-process PPOTrainer; last the plain one-process reference of "ddp1".
+     into a plain single-process PPOTrainer; last the plain one-process references of "ddp1" and "grpo2".
 
 Checks: identical sampled responses at every step (keyed sampling: a row's tokens do not depend on
 the rank or batch neighbours), metrics within rel 1e-3 / abs 1e-4 of the one-rank run (float
 summation order differs; measured differences are ~1e-6), one MLflow run per training, and
-checkpoints that reload across world sizes and stages (weights within 1e-4 of the one-rank run's).
+checkpoints that reload across world sizes and stages (weights within 1e-4 of the one-rank run's;
+loading into ZeRO restores the AdamW moments too, so resumed runs match the uninterrupted one).
 """
 from __future__ import annotations
 
@@ -154,6 +156,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     paths = build_tiny_models(root / "models")
     (root / "worker.py").write_text(WORKER)
+    (root / "unused.jsonl").write_text("")
     return {"root": root, "models": paths, "worker": str(root / "worker.py"), "source": tiny_source_spec()}
 
 
@@ -163,8 +166,8 @@ def overrides(tiny, name: str, **extra) -> list[str]:
         "seed": 3,
         "model.sft_path": tiny["models"]["sft"], "model.reward_path": tiny["models"]["reward"],
         "model.pretrained_path": tiny["models"]["sft"],
-        # the worker swaps in the tiny prompt source; an existing file satisfies the data preflight
-        "data.source": "hh_rlhf", "data.hh_path": tiny["worker"], "data.eval_prompts": 5,
+        # the worker swaps in the tiny prompt source; preflight still wants the configured data file to exist
+        "data.source": "hh_rlhf", "data.hh_path": str(root / "unused.jsonl"), "data.eval_prompts": 5,
         "generation.max_new_tokens": 8, "generation.temperature": 0.9, "generation.top_k": 20,
         "ppo.steps": 3, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 2,
         "ppo.policy_lr": 3e-3, "ppo.critic_lr": 3e-3, "ppo.entropy_coef": 0.01, "ppo.ptx_coef": 0.1, "ppo.ptx_batch_size": 4,
@@ -256,13 +259,17 @@ def jobs(tiny):
     # one minibatch, old log-probs from sampling: the first epoch reuses the scoring pass's critic forward
     one = {"ppo.num_minibatches": 1, "ppo.reuse_rollout_logprobs": "true"}
     ddp1, ref1 = overrides(tiny, "ddp1", **one), overrides(tiny, "ref1", **one)
+    # critic-free GRPO, 2 samples per prompt: groups straddle no rank (rows 0-3 / 4-7 of each minibatch)
+    grpo = {"ppo.adv_estimator": "grpo", "generation.samples_per_prompt": 2}
+    grpo2, grpo1 = overrides(tiny, "grpo2", **grpo), overrides(tiny, "grpo1", **grpo)
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     # A: one torchrun job of 2 ranks runs ZeRO-2 and ZeRO-3 in-process, then the CLI (`main`) for a
     # plain data-parallel run started through launch_train (one launch: imports cost most here)
     t = time.time()
     seen: list[int] = []
-    spec_a = write_spec(tiny, "A", {"jobs": [{"overrides": z2, "stop_at": 2}, {"overrides": z3}, {"overrides": ddp1}], "cli": []})
+    a_jobs = [{"overrides": z2, "stop_at": 2}, {"overrides": z3}, {"overrides": ddp1}, {"overrides": grpo2}]
+    spec_a = write_spec(tiny, "A", {"jobs": a_jobs, "cli": []})
     res_ddp = launch_train(overrides=overrides(tiny, "ddp"), nproc=2, program=[tiny["worker"], str(spec_a), "--"],
                            on_step=lambda s, m: seen.append(s) and False, poll_s=0.5, env=env)
     timings["A (2 ranks: ZeRO-2, ZeRO-3, plain DDP via launch_train)"] = time.time() - t
@@ -277,6 +284,7 @@ def jobs(tiny):
         {"kind": "load_plain", "overrides": overrides(tiny, "plain"), "run_dir": str(tiny["root"] / "runs" / "z3"),
          "compare_dir": str(tiny["root"] / "runs" / "ref")},
         {"overrides": ref1},
+        {"overrides": grpo1},
     ]})
     run_job([sys.executable, tiny["worker"], str(spec_b)], env)
     timings["B (1 rank: reference, resumes, plain load)"] = time.time() - t
@@ -288,8 +296,8 @@ def jobs(tiny):
 
 
 def test_jobs_finish_with_one_mlflow_run_each(tiny, jobs):
-    a_z2, a_z3, a_ddp1 = jobs["A"]
-    b_ref, b_resume, b_z3a, b_z3b, b_load, b_ref1 = jobs["B"]
+    a_z2, a_z3, a_ddp1, _ = jobs["A"]
+    b_ref, b_resume, b_z3a, b_z3b, b_load, b_ref1, _ = jobs["B"]
     assert a_z2["status"] == "FINISHED" and a_z2["steps"] == 2 and a_z2["world"] == 2, a_z2
     assert a_z3["status"] == "FINISHED" and a_z3["steps"] == 3, a_z3
     assert b_ref["status"] == "FINISHED" and b_ref["world"] == 1, b_ref
@@ -297,7 +305,7 @@ def test_jobs_finish_with_one_mlflow_run_each(tiny, jobs):
     assert b_z3a["steps"] == 1 and b_z3b["status"] == "FINISHED" and b_z3b["steps"] == 3 and b_z3b["run_id"] == b_z3a["run_id"]
     assert jobs["C"].status == "FINISHED", jobs["C"].error
     assert a_ddp1["status"] == "FINISHED" and a_ddp1["world"] == 2 and b_ref1["status"] == "FINISHED", (a_ddp1, b_ref1)
-    for name in ("z2", "z3", "ref", "ddp", "z3b", "ddp1", "ref1"):
+    for name in ("z2", "z3", "ref", "ddp", "z3b", "ddp1", "ref1", "grpo2", "grpo1"):
         runs = runs_named(tiny, name)
         assert len(runs) == 1, f"{name}: {len(runs)} MLflow runs (one per training expected, logged by rank 0 only)"
         assert runs[0].info.status == "FINISHED"
@@ -330,6 +338,16 @@ def test_two_ranks_metrics_match_one_rank(tiny, jobs):
                          "2-rank plain data parallel, one minibatch, old log-probs from sampling")
     # step 0 = the eval before training (SFT win rate etc.)
     assert_metrics_close(ref, history(tiny, jobs["A"][1]["run_id"]), (0,), "2-rank ZeRO-3 eval")
+
+
+def test_two_ranks_match_one_rank_with_a_critic_free_estimator(tiny, jobs):
+    one, two = jobs["B"][6]["run_id"], jobs["A"][3]["run_id"]
+    assert jobs["A"][3]["status"] == "FINISHED" and jobs["B"][6]["status"] == "FINISHED"
+    for s in (1, 2, 3):
+        assert samples(tiny, one, s) == samples(tiny, two, s), f"GRPO step {s}: rollouts differ"
+    ref = history(tiny, one)
+    assert keys.PG_LOSS in ref[1] and not [k for k in ref[1] if k.startswith("val/")]
+    assert_metrics_close(ref, history(tiny, two), (1, 2, 3), "2-rank plain data parallel, GRPO")
 
 
 def test_checkpoints_reload_across_world_sizes(tiny, jobs):

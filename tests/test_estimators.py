@@ -19,6 +19,18 @@ def outcome_rewards(scores, lengths, T=3):
     return r, m
 
 
+def test_config_names_the_registry():
+    """harness.config writes the names out (loading a config needs no torch); they must agree."""
+    import typing
+
+    from harness.algorithms.estimators import LOSS_AGGREGATIONS
+    from harness.config import PPOConfig
+
+    hints = typing.get_type_hints(PPOConfig)
+    assert typing.get_args(hints["adv_estimator"]) == tuple(ADV_ESTIMATORS)
+    assert typing.get_args(hints["loss_aggregation"]) == LOSS_AGGREGATIONS
+
+
 def test_registry_and_needs():
     assert set(ADV_ESTIMATORS) == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"}
     assert NEEDS_CRITIC == {"gae"}

@@ -66,6 +66,6 @@ def test_missing_model_dir_fails_before_training_with_the_field_named(tmp_path):
                                       "rejected": f"\n\nHuman: q{i}?\n\nAssistant: no {i}"}) + "\n" for i in range(2)))
     cfg = load_config(None, ["data.source=hh_rlhf", f"data.hh_path={hh}", f"model.sft_path={tmp_path}/nope/",
                              f"logging.tracking_uri=sqlite:///{tmp_path / 'm.db'}", f"logging.output_dir={tmp_path}", "logging.progress=false"])
-    with pytest.raises(ConfigError, match="model.sft_path"):
+    with pytest.raises(ConfigError, match=r"model\.sft_path: '.*nope/' is not a directory"):  # preflight, before any run
         train(cfg)
-    assert not (tmp_path / "m.db").exists()  # refused before any MLflow run exists
+    assert not (tmp_path / "m.db").exists()

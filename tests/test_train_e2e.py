@@ -158,3 +158,67 @@ def test_preflight_names_the_field_before_any_run_exists(tiny_world, tmp_path):
     with pytest.raises(ConfigError, match="model.reward_path"):
         train(load_config(None, base + [f"model.reward_path={other}"]))
     assert not (tmp_path / "mlflow.db").exists()  # no store, no run
+
+
+# ---- issue 16: advantage estimators, G samples per prompt, KL placement, loss aggregation ----
+GROUPED = {"generation.samples_per_prompt": 4, "ppo.steps": 2, "logging.eval_every": 0, "logging.checkpoint_every": 0}
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"])
+def test_every_advantage_estimator_trains_two_steps(tiny_world, tmp_path, estimator):
+    cfg, res = run(tiny_world, tmp_path, **GROUPED, **{"ppo.adv_estimator": estimator})
+    assert res.status == "FINISHED" and res.steps_done == 2, res.error
+    r = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id)
+    critic_free = estimator != "gae"
+    assert r.data.tags["harness.adv_estimator"] == estimator
+    assert r.data.tags["harness.critic_free"] == str(critic_free).lower()
+    val = [k for k in r.data.metrics if k.startswith("val/") or k in (keys.GRAD_NORM_CRITIC, keys.LR_CRITIC)]
+    assert (val == []) == critic_free, val
+    assert all(math.isfinite(v) for v in r.data.metrics.values())
+    assert r.data.metrics[keys.ADV_RAW_STD] > 0  # the groups' rewards differ: a real signal
+    if critic_free:  # the checkpoint holds no critic
+        from harness.train import load_checkpoint
+
+        assert "critic" not in load_checkpoint(Path(res.run_dir))
+
+
+def test_critic_free_run_constructs_no_critic(tiny_world, tmp_path):
+    from harness.data import load_source
+    from harness.models import Models
+    from harness.trainer import PPOTrainer
+
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **{"ppo.adv_estimator": "grpo", "generation.samples_per_prompt": 2}))
+    models = Models(cfg, torch.device("cpu"))
+    trainer = PPOTrainer(cfg, models, load_source(cfg), torch.device("cpu"))
+    assert models.critic is None and trainer.critic is None
+    metrics, b = trainer.step()
+    assert not [k for k in metrics if k.startswith("val/")]
+    # G = 2 samples per prompt: adjacent rows answer one prompt, and keyed sampling makes them differ
+    assert b.prompts[0::2] == b.prompts[1::2] and len(set(b.prompts)) == 4
+    assert any(r0 != r1 for r0, r1 in zip(b.responses[0::2], b.responses[1::2]))
+
+
+@pytest.mark.parametrize("extra", [
+    {"ppo.kl_placement": "loss", "ppo.kl_estimator": "k3"},
+    {"ppo.loss_aggregation": "seq_mean_token_mean"},
+    {"ppo.loss_aggregation": "seq_mean_token_sum", "ppo.kl_placement": "loss"},
+])
+def test_kl_in_the_loss_and_loss_aggregations_run(tiny_world, tmp_path, extra):
+    cfg, res = run(tiny_world, tmp_path, **GROUPED, **{"ppo.adv_estimator": "grpo"}, **extra)
+    assert res.status == "FINISHED", res.error
+    m = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id).data.metrics
+    assert all(math.isfinite(v) for v in m.values())
+    if extra.get("ppo.kl_placement") == "loss":  # no KL in the reward
+        assert m[keys.NON_SCORE_REWARD] == 0.0 and m[keys.KL] != 0.0
+
+
+def test_group_estimators_need_two_samples_per_prompt():
+    from harness.parallel import validate  # the rules that need the estimators' registry (torch-free config)
+
+    assert "generation.samples_per_prompt: got 1 with ppo.adv_estimator=rloo; allowed: 2 or more" in " ".join(
+        validate(load_config(None, ["ppo.adv_estimator=rloo"]), "cpu", 1))
+    assert "ppo.critic_pretrain_steps: got 2 with ppo.adv_estimator=remax; allowed: 0" in " ".join(
+        validate(load_config(None, ["ppo.adv_estimator=remax", "ppo.critic_pretrain_steps=2"]), "cpu", 1))
+    assert validate(load_config(None, ["ppo.adv_estimator=grpo", "generation.samples_per_prompt=4"]), "cpu", 1) == []
+    with pytest.raises(ConfigError, match=r"ppo.rollout_batch_size: got 32; allowed: a multiple of generation.samples_per_prompt=3"):
+        load_config(None, ["ppo.adv_estimator=grpo", "generation.samples_per_prompt=3"])

@@ -1,15 +1,10 @@
 """Advantage estimators, registered by name (verl's `register_adv_est` style).
 
-Every estimator maps per-token rewards (the processed RM score at the last response token, plus
-the KL penalty at every token when KL is placed in the reward) to per-token advantages and returns
-[B, T]. Each takes exactly the inputs it needs as keyword arguments (no `**kwargs` swallowing a
-misspelled one); `ESTIMATOR_INPUTS` lists them so the trainer passes only those.
-
-Group estimators see `group` [B]: the index of the prompt each row answers; rows with the same
-index are the G = `generation.samples_per_prompt` samples of one prompt. Their "outcome" is the
-sequence reward R_i = sum_t r_{i,t} (score plus summed KL penalty), as in verl and OpenRLHF.
-
-Only `gae` needs a critic; every other estimator is critic-free (`NEEDS_CRITIC`).
+Each maps per-token rewards [B, T] (the processed RM score at the last response token, plus the KL
+penalty at every token when KL is placed in the reward) to per-token (advantages, returns), taking
+exactly the keyword inputs it needs (`ESTIMATOR_INPUTS`). Group estimators see `group` [B], the
+prompt index of each row (G = `generation.samples_per_prompt` rows per prompt); their "outcome" is
+the sequence reward R_i = sum_t r_{i,t}, as in verl and OpenRLHF. Only `gae` needs a critic.
 """
 from __future__ import annotations
 
@@ -18,7 +13,6 @@ from typing import Callable
 
 import torch
 
-from .gae import compute_gae
 from .stats import masked_whiten
 
 EPS = 1e-6
@@ -35,13 +29,37 @@ def register_adv_est(name: str) -> Callable[[Estimator], Estimator]:
     return wrap
 
 
+@register_adv_est("gae")
+def compute_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (trick 10), the one estimator that needs the critic: A_t = sum_k (gamma*lam)^k delta_{t+k},
+    delta_t = r_t + gamma V_{t+1} - V_t; returns = A + V.
+
+    The value after the last response token is 0 (the episode ends there), and masked positions
+    (after a response ended) contribute nothing.
+    """
+    B, T = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last_gae = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(T)):
+        next_mask = mask[:, t + 1] if t + 1 < T else torch.zeros_like(last_gae)
+        next_value = values[:, t + 1] * next_mask if t + 1 < T else torch.zeros_like(last_gae)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last_gae = delta + gamma * lam * next_mask * last_gae
+        adv[:, t] = last_gae
+    adv = adv * mask
+    returns = (adv + values) * mask
+    return adv, returns
+
+
 def _group_stats(scores: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: the mean, the sample std (ddof=1, 0 for a single row) and the size of its group."""
     _, inv, counts = torch.unique(group, return_inverse=True, return_counts=True)
     s = scores.double()
-    sums = torch.zeros(len(counts), dtype=s.dtype).index_add_(0, inv, s)
-    mean = sums / counts
-    sq = torch.zeros(len(counts), dtype=s.dtype).index_add_(0, inv, (s - mean[inv]) ** 2)
+    zeros = torch.zeros(len(counts), dtype=s.dtype, device=s.device)
+    mean = zeros.index_add(0, inv, s) / counts
+    sq = zeros.index_add(0, inv, (s - mean[inv]) ** 2)
     std = (sq / (counts - 1).clamp(min=1)).sqrt() * (counts > 1)
     return mean[inv].to(scores.dtype), std[inv].to(scores.dtype), counts[inv]
 
@@ -63,13 +81,6 @@ def _reverse_cumsum(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> 
         running = rewards[:, t] * mask[:, t] + gamma * running * mask[:, t]
         out[:, t] = running
     return out * mask
-
-
-@register_adv_est("gae")
-def gae(*, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):
-    """GAE (trick 10): A_t = sum_k (gamma*lam)^k delta_{t+k}, delta_t = r_t + gamma V_{t+1} - V_t;
-    returns = A + V. Needs the critic."""
-    return compute_gae(rewards, values, mask, gamma, lam)
 
 
 @register_adv_est("grpo")

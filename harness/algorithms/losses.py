@@ -1,7 +1,8 @@
 """Policy objectives (PPO, APA, AWR), the clipped value loss and the entropy term.
 
-Every loss is a masked mean over the minibatch's response tokens. Each policy loss returns
-(loss, stats) where stats holds detached tensors for logging.
+Each policy loss returns (per-token loss [B, T], stats): the trainer aggregates the tokens
+(`estimators.aggregate`, `ppo.loss_aggregation`); stats holds detached per-token tensors for
+logging: `clipped` (1 where the clip or weight cap bit), `ratio`, `log_ratio`.
 """
 from __future__ import annotations
 
@@ -11,21 +12,19 @@ import torch
 
 from .stats import masked_mean
 
-
-IMPORTANCE_SAMPLING = ("rollout", "reference", "off")
+Stats = dict[str, torch.Tensor]
 
 
 def ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
     *,
     clip_eps: float | None,
     importance_sampling: str = "rollout",
     ref_logprobs: torch.Tensor | None = None,
     **_: object,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Stats]:
     """Clipped surrogate -min(ratio*A, clip(ratio, 1-eps, 1+eps)*A) with the ratio chosen by
     `importance_sampling` (paper-notes section 2, trick 2):
 
@@ -37,73 +36,52 @@ def ppo_loss(
       samples; nothing to clip).
     The logged ratio statistics are those of the ratio in use.
     """
-    if importance_sampling == "reference":
-        if ref_logprobs is None:
-            raise ValueError("importance_sampling='reference' needs the reference model's log-probs")
-        log_ratio = logprobs - ref_logprobs
-    elif importance_sampling in ("rollout", "off"):
-        log_ratio = logprobs - old_logprobs
-    else:
-        raise ValueError(f"importance_sampling: got {importance_sampling!r}; allowed: {', '.join(IMPORTANCE_SAMPLING)}")
+    if importance_sampling not in ("rollout", "reference", "off"):
+        raise ValueError(f"importance_sampling: got {importance_sampling!r}; allowed: rollout, reference, off")
+    if importance_sampling == "reference" and ref_logprobs is None:
+        raise ValueError("importance_sampling='reference' needs the reference model's log-probs")
+    log_ratio = logprobs - (ref_logprobs if importance_sampling == "reference" else old_logprobs)
     ratio = torch.exp(log_ratio)
-    if importance_sampling != "off":
-        surr = ratio * advantages
-        if clip_eps is not None:
-            clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-            loss_tok = -torch.min(surr, clipped)
-            clipfrac = masked_mean((clipped < surr).float(), mask)
-        else:
-            loss_tok = -surr
-            clipfrac = torch.zeros(())
-    else:
+    clipped = torch.zeros_like(logprobs)
+    if importance_sampling == "off":
         loss_tok = -advantages * logprobs
-        clipfrac = torch.zeros(())
-    loss = masked_mean(loss_tok, mask)
-    return loss, {"clipfrac": clipfrac.detach(), "ratio": ratio.detach(), "log_ratio": log_ratio.detach()}
+    elif clip_eps is None:
+        loss_tok = -ratio * advantages
+    else:
+        surr, surr_clip = ratio * advantages, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+        loss_tok = -torch.min(surr, surr_clip)
+        clipped = (surr_clip < surr).float()
+    return loss_tok, {"clipped": clipped.detach(), "ratio": ratio.detach(), "log_ratio": log_ratio.detach()}
+
+
+def _rollout_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, clipped: torch.Tensor) -> Stats:
+    log_ratio = (logprobs - old_logprobs).detach()
+    return {"clipped": clipped.detach(), "ratio": log_ratio.exp(), "log_ratio": log_ratio}
 
 
 def apa_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    ref_logprobs: torch.Tensor,
-    apa_lambda: float,
-    **_: object,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """APA: mean((log pi - A/lambda - log pi_init)^2); pi_init = the reference (SFT) model."""
-    loss = masked_mean((logprobs - advantages / apa_lambda - ref_logprobs) ** 2, mask)
-    log_ratio = (logprobs - old_logprobs).detach()
-    return loss, {"clipfrac": torch.zeros(()), "ratio": log_ratio.exp(), "log_ratio": log_ratio}
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *, ref_logprobs: torch.Tensor,
+    apa_lambda: float, **_: object,
+) -> tuple[torch.Tensor, Stats]:
+    """APA: (log pi - A/lambda - log pi_init)^2 per token; pi_init = the reference (SFT) model."""
+    loss_tok = (logprobs - advantages / apa_lambda - ref_logprobs) ** 2
+    return loss_tok, _rollout_ratio(logprobs, old_logprobs, torch.zeros_like(logprobs))
 
 
 def awr_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    awr_beta: float,
-    awr_max_weight: float | None = None,
-    **_: object,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """AWR: -mean(log pi * exp(A/beta)); weights optionally clipped (clipfrac counts clipped ones)."""
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *, awr_beta: float,
+    awr_max_weight: float | None = None, **_: object,
+) -> tuple[torch.Tensor, Stats]:
+    """AWR: -log pi * exp(A/beta) per token; weights optionally capped (`clipped` marks capped ones)."""
     weights = torch.exp(advantages / awr_beta)
-    if awr_max_weight is not None:
-        clipfrac = masked_mean((weights > awr_max_weight).float(), mask)
-        weights = weights.clamp(max=awr_max_weight)
-    else:
-        clipfrac = torch.zeros(())
-    loss = -masked_mean(logprobs * weights.detach(), mask)
-    log_ratio = (logprobs - old_logprobs).detach()
-    return loss, {"clipfrac": clipfrac.detach(), "ratio": log_ratio.exp(), "log_ratio": log_ratio}
+    cap = float("inf") if awr_max_weight is None else awr_max_weight
+    clipped = (weights > cap).float()
+    loss_tok = -logprobs * weights.clamp(max=cap).detach()
+    return loss_tok, _rollout_ratio(logprobs, old_logprobs, clipped)
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
-    "ppo": ppo_loss,
-    "apa": apa_loss,
-    "awr": awr_loss,
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Stats]]] = {
+    "ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss,
 }
 
 

@@ -66,22 +66,14 @@ def token_rewards(
     return rewards, non_score
 
 
-class AdaptiveKLController:
-    """Ziegler et al. (2019): move eta so the observed KL tracks a target."""
+class KLController:
+    """eta, fixed (no target) or adaptive (Ziegler et al. 2019): moved so the observed KL tracks
+    the target, eta *= 1 + clip(kl/target - 1, +-0.2) * n_samples/horizon."""
 
-    def __init__(self, init_kl_coef: float, target: float, horizon: int):
-        self.value = init_kl_coef
-        self.target = target
-        self.horizon = horizon
-
-    def update(self, current_kl: float, n_samples: int) -> None:
-        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_samples / self.horizon
-
-
-class FixedKLController:
-    def __init__(self, kl_coef: float):
-        self.value = kl_coef
+    def __init__(self, kl_coef: float, target: float | None = None, horizon: int = 1):
+        self.value, self.target, self.horizon = kl_coef, target, horizon
 
     def update(self, current_kl: float, n_samples: int) -> None:
-        pass
+        if self.target is not None:
+            error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_samples / self.horizon

@@ -6,10 +6,6 @@ import math
 import torch
 
 
-def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean over positions where mask is 1 (all tokens of the batch when dim is None)."""
     if dim is None:
@@ -26,13 +22,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return var
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / std over the masked entries; masked-out entries come back as 0."""
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return out * mask
+    return (x - masked_mean(x, mask)) * torch.rsqrt(masked_var(x, mask) + eps) * mask
 
 
 def perplexity(logprobs: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
@@ -64,25 +56,11 @@ class RunningMeanStd:
 
     def update(self, x: torch.Tensor) -> None:
         x = x.detach().double().flatten()
-        n = x.numel()
-        if n == 0:
-            return
-        b_mean = x.mean().item()
-        b_var = x.var(unbiased=False).item()
-        if self.count == 0:
-            self.mean, self.var, self.count = b_mean, b_var, n
-            return
-        tot = self.count + n
-        delta = b_mean - self.mean
-        m2 = self.var * self.count + b_var * n + delta**2 * self.count * n / tot
-        self.mean = self.mean + delta * n / tot
-        self.var = m2 / tot
-        self.count = tot
+        if x.numel():
+            self.merge(x.mean().item(), x.var(unbiased=False).item(), x.numel())
 
     def merge(self, mean: float, var: float, count: int) -> None:
-        """Merge statistics computed elsewhere (another rank)."""
-        if count == 0:
-            return
+        """Merge statistics computed elsewhere (another rank, or a batch: `update`)."""
         if self.count == 0:
             self.mean, self.var, self.count = mean, var, count
             return
