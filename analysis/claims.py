@@ -1,6 +1,5 @@
-"""The claims of an ablation's YAML (`claims:`) as verdicts of stated tests (analysis.stats).
-
-    python -m analysis.claims ABLATION [--tracking-uri URI] [--out results/]
+"""The claims of an ablation's YAML (`claims:`) as verdicts (reproduced / not reproduced / inconclusive)
+of stated tests (analysis.stats), each printed with its test and numbers.
 
 Every run becomes one number (harness.summary.reduce_run), then per rule (harness.registry.RULES):
 compare and each neighbour pair of a trend: permutation test of mean(higher) - mean(lower) > 0 (on
@@ -27,7 +26,7 @@ import pandas as pd
 from analysis.stats import (
     INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, REPRODUCED, Comparison, censor, compare, compare_to, rate_vs_half,
 )
-from analysis.store import AblationData, default_tracking_uri, load_ablation
+from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K
 from harness.registry import (
     Claim, Collapses, Compare, EvalScoresShift, PairsAboveChance, Similar, Threshold, Trend, UnknownAblation,
@@ -149,23 +148,19 @@ def _eval_scores_shift(rule: EvalScoresShift, data: AblationData) -> list[Part]:
     return parts
 
 
-RULE_TEXT: dict[type, Callable[[Any], str]] = {
-    Compare: lambda r: f"{_words(r)}: '{r.lower}' < '{r.higher}'",
-    Similar: lambda r: f"{_words(r)}: {', '.join(repr(v) for v in r.variants)} alike within {SIMILAR_MARGIN:.0%}",
-    Trend: lambda r: f"{_words(r)} {r.direction} in {r.axis} (every neighbour pair)",
-    Threshold: lambda r: f"{_words(r)} {r.op} {r.value:g} for {repr(r.variant) if r.variant else 'every variant'}",
-    Collapses: lambda r: (f"'{r.variant}' {'collapses' if r.expected else 'does not collapse'} (tag "
-                          f"{K.TAG_COLLAPSED} or metric {K.COLLAPSE_STEP}) in most seeds"),
-    PairsAboveChance: lambda r: "share of held-out pairs with chosen − rejected > 0 above 1/2, for every RM",
-    EvalScoresShift: lambda r: f"{r.what} of held-out RM scores: last eval step > first",
+RULE_CHECKS: dict[type, tuple[Callable[[Any], str], Callable[[Any, AblationData], list[Part]]]] = {
+    Compare: (lambda r: f"{_words(r)}: '{r.lower}' < '{r.higher}'", lambda r, d: [_pair(r, d, r.lower, r.higher)]),
+    Similar: (lambda r: f"{_words(r)}: {', '.join(map(repr, r.variants))} alike within {SIMILAR_MARGIN:.0%}", _similar),
+    Trend: (lambda r: f"{_words(r)} {r.direction} in {r.axis} (every neighbour pair)", _trend),
+    Threshold: (lambda r: f"{_words(r)} {r.op} {r.value:g} for {repr(r.variant) if r.variant else 'every variant'}",
+                _threshold),
+    Collapses: (lambda r: f"'{r.variant}' {'collapses' if r.expected else 'does not collapse'} (tag "
+                f"{K.TAG_COLLAPSED} or metric {K.COLLAPSE_STEP}) in most seeds", _collapses),
+    PairsAboveChance: (lambda r: "share of held-out pairs with chosen − rejected > 0 above 1/2, for every RM",
+                       _pairs_above_chance),
+    EvalScoresShift: (lambda r: f"{r.what} of held-out RM scores: last eval step > first", _eval_scores_shift),
 }
-"""Each rule kind (harness.registry.RULES) in words."""
-EVALUATE: dict[type, Callable[[Any, AblationData], list[Part]]] = {
-    Compare: lambda r, data: [_pair(r, data, r.lower, r.higher)], Similar: _similar, Trend: _trend,
-    Threshold: _threshold, Collapses: _collapses, PairsAboveChance: _pairs_above_chance,
-    EvalScoresShift: _eval_scores_shift,
-}
-"""Each rule kind's tests."""
+"""Each rule kind (harness.registry.RULES): the rule in words, and its tests."""
 RANK = {NOT_REPRODUCED: 0, INCONCLUSIVE: 1, REPRODUCED: 2}
 CLAIM_COLUMNS = ["ablation", "figure", "claim", "source", "rule", "verdict", "test", "n", "statistic", "estimate",
                  "ci_low", "ci_high", "level", "p_value", "effect_size", "min_detectable", "numbers", "reason"]
@@ -176,17 +171,18 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
     reproduced, else inconclusive, else the weakest), `numbers` has every test's."""
     rows = []
     for claim in data.spec.claims if claims is None else claims:
+        words, evaluate = RULE_CHECKS[type(claim.rule)]
         try:
             if data.runs.empty:
                 raise Unjudged("no runs in the store")
-            parts, reason = EVALUATE[type(claim.rule)](claim.rule, data), ""
+            parts, reason = evaluate(claim.rule, data), ""
         except Unjudged as e:
             parts, reason = [], str(e)
         c = min((c for _, c in parts), key=lambda c: (RANK[c.verdict], -np.nan_to_num(c.p_value)), default=None)
         if c is not None and c.verdict == INCONCLUSIVE and 0 < min(c.n_a, c.n_b or c.n_a) < MIN_SEEDS:
             reason = f"fewer than {MIN_SEEDS} runs per variant: no verdict"
         row = {"ablation": data.name, "figure": data.spec.figure, "claim": claim.statement, "source": claim.cited,
-               "rule": RULE_TEXT[type(claim.rule)](claim.rule), "verdict": c.verdict if c else INCONCLUSIVE,
+               "rule": words(claim.rule), "verdict": c.verdict if c else INCONCLUSIVE,
                "numbers": "; ".join(f"{label}: {p.describe()}" for label, p in parts), "reason": reason}
         if c is not None:
             row |= {k: getattr(c, k) for k in CLAIM_COLUMNS if hasattr(c, k)}
@@ -196,16 +192,12 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.claims", description=(
-        "Check the paper's claims for an ablation against its runs in the MLflow store; prints one verdict per "
-        "claim (reproduced / not reproduced / inconclusive) with its test and numbers."))
+    ap = argparse.ArgumentParser(prog="python -m analysis.claims", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablation", help="registry name or YAML path (its `claims:` are checked)")
-    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--out", help="also write OUT/<ablation>/claims.csv")
     args = ap.parse_args(argv)
     try:
-        data = load_ablation(args.ablation, args.tracking_uri or default_tracking_uri(), args.ablations_dir)
+        data = load_ablation(args.ablation, args.tracking_uri, args.ablations_dir)
     except UnknownAblation as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,4 @@
-"""The paper-style figure of one ablation, drawn from the MLflow store alone.
-
-    python -m analysis.figures ABLATION [--tracking-uri URI] [--smooth K] [--out results/]
+"""The paper-style figure of one ablation, drawn from the MLflow store alone (`python -m analysis.figures`).
 
 One panel per metric (the YAML's panels, see `figure_panels`), one line per variant = mean over
 seeds, a min-max band over seeds, an X where a run's collapse was detected; special panels for
@@ -25,7 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogFormatter, MaxNLocator
 
-from analysis.store import AblationData, default_tracking_uri, load_ablation
+from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K
 from harness import tracking
 from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS
@@ -215,9 +213,9 @@ class DrawnFigure:
     Fig. 4 win-rate axis is WIN_RATE_AXIS)."""
 
 
-def draw_ablation(data: AblationData, smooth_k: int = 1, panels: list[str] | None = None) -> DrawnFigure:
+def draw_ablation(data: AblationData, smooth_k: int = 1) -> DrawnFigure:
     """Every panel in one Figure; the Axes by panel let callers (and tests) inspect lines per variant."""
-    panels = panels or figure_panels(data)
+    panels = figure_panels(data)
     rows, cols = grid_shape(len(panels))
     colors = {v: colormaps["tab10"](i % 10) for i, v in enumerate(data.variants)}
     height = 4.2 if len(panels) == 1 and panels[0].startswith(EVAL_RM_SCORE_HIST) else PANEL_HEIGHT_IN * rows + 0.2
@@ -304,27 +302,23 @@ def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, o
     if logged:
         tracking.log_file_artifacts(data.tracking_uri, logged, paths, artifact_path="figures")
     return FigureOutput(data, drawn, paths, logged)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.figures", description=(
-        "Draw an ablation's paper-style figure from the MLflow store: one panel per metric, one line per variant "
-        "(mean over seeds, min-max band), collapse markers. Writes OUT/<ablation>/figure.png and .pdf and logs "
-        "them to the ablation's newest parent run."))
+    ap = argparse.ArgumentParser(prog="python -m analysis.figures", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
-    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--smooth", type=int, default=1, metavar="K",
                     help="rolling mean over K logged steps per run (default 1 = raw)")
     ap.add_argument("--out", default="results", help="output root; files go to OUT/<ablation>/ (default results/)")
-    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
     args = ap.parse_args(argv)
-    uri = args.tracking_uri or default_tracking_uri()
     try:
-        data = load_ablation(args.ablation, uri, args.ablations_dir)
+        data = load_ablation(args.ablation, args.tracking_uri, args.ablations_dir)
     except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        res = make_figures(data.name, uri, args.smooth, args.out, not args.no_log, data=data)
+        res = make_figures(data.name, None, args.smooth, args.out, not args.no_log, data=data)
     except LookupError as e:  # no runs
         print(e)
         return 1

@@ -8,6 +8,7 @@ runs (tag harness.role=world) of the `world` experiment, one variant per run nam
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ import pandas as pd
 
 from harness import keys as K
 from harness import tracking
+from harness.config import LoggingConfig
 from harness.registry import (
     STANDARD_PANELS, Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry,
 )
@@ -32,12 +34,14 @@ RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_ste
 METRIC_COLUMNS = ["run_id", "variant", "seed", "metric", "step", "value"]
 SAMPLE_COLUMNS = ["variant", "seed", "run_id", "step", "collapsed", "prompt", "response", "rm_score", "gold_score",
                   "length"]
+STORE_OPTIONS = argparse.ArgumentParser(add_help=False)
+"""The options of every CLI that reads ablations (argparse `parents=[STORE_OPTIONS]`)."""
+STORE_OPTIONS.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+STORE_OPTIONS.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
 
 
 def default_tracking_uri() -> str:
     """$MLFLOW_TRACKING_URI, else the trainer's default (logging.tracking_uri)."""
-    from harness.config import LoggingConfig
-
     return os.environ.get("MLFLOW_TRACKING_URI") or LoggingConfig().tracking_uri
 
 
@@ -47,13 +51,7 @@ def _search(tracking_uri: str, experiment: str, filter_string: str = "") -> list
     exp = c.get_experiment_by_name(experiment)
     if exp is None or exp.lifecycle_stage == "deleted":
         return []
-    runs, token = [], None
-    while True:
-        page = c.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
-        runs += list(page)
-        token = page.token
-        if not token:
-            return runs
+    return list(c.search_runs([exp.experiment_id], filter_string, max_results=50000))  # MLflow's largest page
 
 
 def _run_row(run, experiment: str) -> dict[str, Any]:

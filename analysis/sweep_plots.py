@@ -1,9 +1,7 @@
 """The summary of an Optuna sweep (harness/sweep.py), drawn by `python -m analysis.sweep_plots NAME`
-into results/<sweep>/ and logged to the sweep's MLflow parent run: Optuna's optimization history,
-parallel coordinates, intermediate values and importances; sweep_pair.png, the two `plots.pair` keys
-(e.g. delta_r x eta) as a plain scatter colored by objective (collapsed, pruned and failed trials
-marked here and in the history); sweep_trials.csv (every trial joined with its MLflow child runs)
-and sweep_best.json.
+into results/<sweep>/ and logged to the sweep's MLflow parent run: Optuna's plots, the `plots.pair`
+keys as a scatter (sweep_pair.png), sweep_trials.csv (every trial with its MLflow child runs) and
+sweep_best.json.
 """
 from __future__ import annotations
 
@@ -192,8 +190,7 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description="Draw a stored sweep's "
-                                "figures and tables and log them to its MLflow parent run.")
+    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description=__doc__)
     p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the train config's default)")
     p.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")

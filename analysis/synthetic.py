@@ -1,6 +1,7 @@
 """Synthetic finished ablations written straight into an MLflow store, in the trainer's and the
 ablation runner's formats (harness/keys.py), for the tests of analysis/ and reports/ and for
-previews (`python -m analysis.synthetic --tracking-uri sqlite:///demo.db`, see reports/README.md).
+previews (`python -m analysis.synthetic --tracking-uri sqlite:///demo.db` writes vanilla, kl_eta
+and rm_scores, see reports/README.md).
 
 Curves are shaped like the paper's (paper-notes section 6): reward rises; a collapsing variant's
 reward shoots up after `collapse_at` while gold reward falls, KL climbs, perplexity drops toward
@@ -9,13 +10,11 @@ reward shoots up after `collapse_at` while gold reward falls, KL climbs, perplex
 from __future__ import annotations
 
 import argparse
-import time
 import zlib
 from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
-from mlflow.entities import Metric
 
 from harness import keys as K
 from harness import tracking
@@ -60,10 +59,8 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
 
 
 def _log_all(tracking_uri: str, run_id: str, per_step: dict[int, dict[str, float]]) -> None:
-    ts = int(time.time() * 1000)
-    batch = [Metric(k, float(v), ts, s) for s, ms in per_step.items() for k, v in ms.items()]
-    for i in range(0, len(batch), 1000):
-        tracking.client(tracking_uri).log_batch(run_id, metrics=batch[i : i + 1000])
+    points = [(k, v, s) for s, ms in per_step.items() for k, v in ms.items()]
+    tracking.MetricLogger(tracking_uri, run_id).log_points(points)
 
 
 def _samples(variant: str, step: int, collapsed: bool, metrics: dict[str, float], n: int = 3) -> dict:
@@ -155,9 +152,7 @@ def write_demo(tracking_uri: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.synthetic",
-                                 description="Write synthetic paper-shaped ablations (vanilla, kl_eta, rm_scores) "
-                                             "into an MLflow store, to preview figures and reports without training.")
+    ap = argparse.ArgumentParser(prog="python -m analysis.synthetic", description=__doc__)
     ap.add_argument("--tracking-uri", required=True, help="MLflow store to write to, e.g. sqlite:///demo.db")
     args = ap.parse_args(argv)
     names = write_demo(args.tracking_uri)

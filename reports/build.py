@@ -1,11 +1,8 @@
-"""PDF reports of finished ablations, from the MLflow store and the registry alone.
-
-    python -m reports.build [ABLATION ...] [--tracking-uri URI] [--out results/] [--smooth K]
-    python -m reports.build --reference     # rebuild the committed reports/ (on purpose only)
-
-Per ablation: grid, figure, final/peak metrics, claims with their tests and verdicts, samples (a
-sweep: analysis.sweep_plots' summary). Fonts: DejaVu Sans from matplotlib's data folder, so δ, η,
-λ print everywhere. Outputs and how to read them: reports/README.md.
+"""PDF reports of finished ablations from the MLflow store and the registry alone (`python -m reports.build`):
+OUT/<ablation>/report.pdf per ablation and OUT/harness-report.pdf with all. Per ablation: grid, figure,
+final/peak metrics, claims with their tests and verdicts, samples (a sweep: analysis.sweep_plots'
+summary). Fonts: DejaVu Sans from matplotlib's data folder, so δ, η, λ print everywhere. Outputs and
+how to read them: reports/README.md.
 """
 from __future__ import annotations
 
@@ -22,13 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from matplotlib import get_data_path
 from reportlab import rl_config
 from reportlab.lib import colors
 from reportlab.lib.enums import TA_CENTER
+from reportlab.lib.fonts import addMapping
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle
 from reportlab.lib.units import cm
-from reportlab.pdfbase.pdfmetrics import stringWidth
+from reportlab.lib.utils import ImageReader
+from reportlab.pdfbase.pdfmetrics import getRegisteredFontNames, registerFont, stringWidth
+from reportlab.pdfbase.ttfonts import TTFont
 from reportlab.platypus import (
     CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
 )
@@ -36,9 +37,10 @@ from reportlab.platypus import (
 from analysis.claims import check_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED
-from analysis.store import AblationData, ablations_in_store, default_tracking_uri, find_runs, load_ablation
+from analysis.store import STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation
 from harness import keys as K
 from harness import provenance, tracking
+from harness.config import DataConfig
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
 from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
 from harness.tracking import redact
@@ -64,14 +66,9 @@ VERDICT_COLORS = {REPRODUCED: "#d9f2d9", NOT_REPRODUCED: "#f8d7d7", INCONCLUSIVE
 
 def make_styles() -> dict[str, ParagraphStyle]:
     """Paragraph styles in DejaVu Sans and Sans Mono (registered from matplotlib's data folder)."""
-    from matplotlib import get_data_path
-    from reportlab.lib.fonts import addMapping
-    from reportlab.pdfbase import pdfmetrics
-    from reportlab.pdfbase.ttfonts import TTFont
-
     for name in ("DejaVuSans", "DejaVuSans-Bold", "DejaVuSans-Oblique", "DejaVuSansMono"):
-        if name not in pdfmetrics.getRegisteredFontNames():
-            pdfmetrics.registerFont(TTFont(name, str(Path(get_data_path()) / "fonts" / "ttf" / f"{name}.ttf")))
+        if name not in getRegisteredFontNames():
+            registerFont(TTFont(name, str(Path(get_data_path()) / "fonts" / "ttf" / f"{name}.ttf")))
     for bold, italic, face in ((0, 0, ""), (1, 0, "-Bold"), (0, 1, "-Oblique"), (1, 1, "-Bold")):
         addMapping("DejaVuSans", bold, italic, f"DejaVuSans{face}")
     base = ParagraphStyle("body", fontName="DejaVuSans", fontSize=9, leading=12, splitLongWords=1)
@@ -131,8 +128,6 @@ class FitImage(Image):
     min_scale = 0.8
 
     def __init__(self, path: Path, max_h: float):
-        from reportlab.lib.utils import ImageReader
-
         w, h = ImageReader(str(path)).getSize()
         scale = min(FRAME_W / w, max_h / h)  # frame width, or smaller to fit max_h; aspect kept
         super().__init__(str(path), width=w * scale, height=h * scale)
@@ -145,16 +140,6 @@ class FitImage(Image):
             scale = avail_h / h
         self.drawWidth, self.drawHeight = w * scale, h * scale
         return self.drawWidth, self.drawHeight
-
-
-def figure_block(heading: str, path: Path, st) -> list:
-    """Heading + figure on one page. Not keepWithNext: reportlab measures a kept-together group
-    at unlimited height, so the image could not shrink into the space left; a conditional page
-    break does the same job."""
-    img = FitImage(path, FRAME_H * 0.85)
-    head = ParagraphStyle("figure-heading", parent=st["h2"], keepWithNext=0)
-    return [CondPageBreak(img.full[1] * img.min_scale + 2 * head.leading + head.spaceBefore), P(heading, head), img,
-            Spacer(1, 4)]
 
 
 def machine_info(tracking_uri: str) -> dict[str, str]:
@@ -195,13 +180,19 @@ class Section:
         if self.spec.is_sweep:
             return out + sweep_flowables(self, st) + [PageBreak()]
         out += [P("Grid: what each variant changes", st["h2"])] + grid_flowables(self.spec, st)
-        if self.figure_png is not None:
-            out += figure_block("Figure", self.figure_png, st)
+        if self.figure_png is not None:  # heading and figure on one page; not keepWithNext: reportlab measures a
+            # kept-together group at unlimited height, so the image could not shrink into the space left
+            img = FitImage(self.figure_png, FRAME_H * 0.85)
+            head = ParagraphStyle("figure-heading", parent=st["h2"], keepWithNext=0)
+            out += [CondPageBreak(img.full[1] * img.min_scale + 2 * head.leading + head.spaceBefore),
+                    P("Figure", head), img, Spacer(1, 4)]
         if not self.metrics.empty:
             note = ("mean ± sd over seeds (sample sd; one seed: the value); final = mean of the last 10% of "
                     "logged steps, peak = largest logged value")
             note += "; collapsed = seeds marked collapsed (mean collapse step)" if "collapsed" in self.metrics else ""
-            out += [P("Final and peak metrics", st["h2"]), metrics_table(self.metrics, st), P(note + ".", st["note"])]
+            rows, n = [list(self.metrics.columns)] + self.metrics.astype(str).values.tolist(), self.metrics.shape[1]
+            out += [P("Final and peak metrics", st["h2"]), table(rows, [0.22] + [0.78 / (n - 1)] * (n - 1), st),
+                    P(note + ".", st["note"])]
         out += [P("Claims", st["h2"])] + claims_flowables(self, st)
         if self.spec.kind != "world":  # reward-model runs sample no responses
             out += [P("Sample responses (last sampled step)", st["h2"])] + samples_flowables(self, st)
@@ -240,11 +231,6 @@ def grid_flowables(spec: Registry, st) -> list:
         out.append(P("Shared by all variants: " + "; ".join(f"{k} = {v}" for k, v in shared.items())
                      + (f" (on top of {spec.base})" if spec.base else ""), st["note"]))
     return out
-
-
-def metrics_table(df: pd.DataFrame, st) -> Table:
-    widths = [0.22] + [0.78 / (df.shape[1] - 1)] * (df.shape[1] - 1)
-    return table([list(df.columns)] + df.astype(str).values.tolist(), widths, st)
 
 
 def final_peak_table(data: AblationData) -> pd.DataFrame:
@@ -336,13 +322,6 @@ def sweep_flowables(sec: Section, st) -> list:
     return out
 
 
-def has_runs(spec: Registry, tracking_uri: str) -> bool:
-    """Runs in its experiment (world: or the world build's); a sweep: the experiment of its parent run."""
-    if spec.is_sweep:
-        return tracking.client(tracking_uri).get_experiment_by_name(spec.name) is not None
-    return not find_runs(tracking_uri, spec.name, world_fallback=spec.kind == "world").empty
-
-
 def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures: bool = True) -> Section:
     sec = Section(spec=data.spec, data=data)
     if data.spec.is_sweep:
@@ -417,7 +396,8 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
         try:
             data = load_ablation(name, uri, ablations_dir)
             spec = data.spec
-            if not has_runs(spec, uri):
+            # a sweep's runs: the experiment of its parent run (of the others: what load_ablation found)
+            if not (tracking.client(uri).get_experiment_by_name(spec.name) if spec.is_sweep else len(data.runs)):
                 skipped.append(data.name)
                 how = f"harness.sweep {_relative(spec.path)}" if spec.is_sweep else f"harness.ablate {data.name}"
                 print(f"skipped {data.name}: no runs in {redact(uri)} (run `python -m {how}` first)", file=sys.stderr)
@@ -434,8 +414,6 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
     combined = write_pdf(out / COMBINED, sections, info, st) if whole else None
     if reference:
-        from harness.config import DataConfig
-
         prov = {**info, "world": provenance.world(DataConfig().world_dir), "ablations": {
             s.spec.name: {"runs": len(s.data.runs), "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
             for s in sections}}
@@ -444,19 +422,14 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports.build", description=(
-        f"Build PDF reports from the MLflow store: OUT/<ablation>/report.pdf per ablation and OUT/{COMBINED} with "
-        "all (title page, grid, figure, final/peak metrics, claims with verdicts, sample responses; sweep sections "
-        "for sweep YAMLs)."))
+    ap = argparse.ArgumentParser(prog="python -m reports.build", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
                     help="registry names or YAML paths (default: every ablation in the registry and the store)")
-    ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     ap.add_argument("--out", help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
     ap.add_argument("--reference", action="store_true",
                     help="rebuild the committed reference reports in reports/ and record reports/provenance.json")
     ap.add_argument("--smooth", type=int, default=1, metavar="K",
                     help="rolling mean over K logged steps in figures (default 1 = raw)")
-    ap.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")
     args = ap.parse_args(argv)
     out = Path(args.out or (REFERENCE if args.reference else RESULTS))
