@@ -104,6 +104,8 @@ TAG_COLLAPSE_REASON = "harness.collapse_reason"
 TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, exception)
 TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
 TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
+TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run
+TAG_CRITIC_FREE = "harness.critic_free"  # "true" when that estimator trains no critic
 # Set by the ablation runner / sweeps on child runs:
 TAG_ABLATION = "harness.ablation"
 TAG_FIGURE = "harness.figure"

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import json
 import re
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -330,9 +331,7 @@ def leaf_keys(cls: type) -> list[str]:
 
 
 def help_text(cls: type, width: int = 100) -> str:
-    """Every field as `key = default   (allowed)` with its docstring wrapped under it."""
-    import textwrap
-
+    """Every field as `key = default   (allowed)` with its docstring under it, both wrapped at `width`."""
     lines: list[str] = []
     section_name = None
     for key, tp, default, doc, meta in iter_fields(cls):
@@ -340,7 +339,9 @@ def help_text(cls: type, width: int = 100) -> str:
         if sec != section_name:
             section_name = sec
             lines.append(f"\n[{sec or 'top level'}]")
-        lines.append(f"  {key} = {json.dumps(default, default=str)}   ({describe(tp, meta)})")
+        head = f"{key} = {json.dumps(default, default=str)}   ({describe(tp, meta)})"
+        lines += textwrap.wrap(head, width=width, initial_indent="  ", subsequent_indent="      ",
+                               break_long_words=False, break_on_hyphens=False)
         if doc:
             lines += textwrap.wrap(doc, width=width, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)
