@@ -1,9 +1,7 @@
-"""The one validation engine for every YAML file the project reads (train, world, ablation and
-sweep files): `@section` classes are pydantic dataclasses (so `dataclasses.replace/fields/asdict`
-keep working) with a docstring under every field, from which `--help` is generated. The YAML is
-read safely (duplicate keys, non-UTF-8 bytes and non-mapping tops are errors) and pydantic's
-errors become one line per problem naming the file (or `--set`), the dotted field, the value and
-what is allowed, with one closest-key hint:
+"""The one validation engine for every YAML file the project reads: `@section` classes are pydantic
+dataclasses with a docstring under every field (the source of `--help`). YAML is read safely
+(duplicate keys, non-UTF-8 bytes and non-mapping tops are errors); every problem becomes one line
+naming the file (or `--set`), the dotted field, the value and what is allowed, with one hint:
 
     config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
     --set: ppo.clip_eps: got 5; allowed: a number > 0 and <= 1 or null
@@ -197,9 +195,7 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list]:
     tp: Any = cls
     meta: list = []
     for part in loc:
-        _, inner = _optional(tp)
-        if get_origin(inner) is typing.Annotated:
-            inner = get_args(inner)[0]
+        inner = base_type(tp)[1]
         fields = _fields(inner)
         if isinstance(part, str) and part in fields:
             names.append(part)
@@ -241,8 +237,7 @@ def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") 
         raise ConfigError(list(dict.fromkeys(head + _problem(cls, err, prefix) for err in e.errors()))) from None
 
 
-def to_dict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
+to_dict = dataclasses.asdict
 
 
 # -- Files plus command-line overrides --------------------------------------------------------------

@@ -1,12 +1,7 @@
-"""Build, cache and load the embedded world.
-
-`build_world(cfg, out_dir)` runs the stages (corpora -> tokenizer -> pretrained LM -> SFT LM ->
-preference pairs -> reward model) into a temporary folder beside `out_dir` and renames it into
-place only when complete, so a killed build never leaves half a world; a later call with the same
-config (its hash is in world.json) returns at once. A world folder holds world.json (config, hash,
-format version, RM numbers), build_info.json (timings, MLflow run id: differs between identical
-builds), config.yaml, the Hugging Face folders tokenizer/ pretrained/ sft/ reward/ (tokenizer in
-each) and data/ (prompts, corpora, preference pairs, RM curves, rm_score_diff.json).
+"""Build, cache and load the embedded world. `build_world` runs the stages into a temporary folder
+beside `out_dir` and renames it into place only when complete, so a killed build never leaves half
+a world; a later call with the same config (its hash is in world.json) returns at once. Of the
+files, only build_info.json (timings, MLflow run id) differs between identical builds.
 """
 from __future__ import annotations
 

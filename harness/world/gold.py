@@ -1,16 +1,10 @@
-"""The hidden gold reward: what a careful person would score a review.
-
-The task: given a prompt ("review of the pasta :", "the service was", ...) write a short,
-enthusiastic review that talks about what the prompt asks about. A person rewards enthusiasm,
-s = (pos - neg) / (pos + neg + 1) over the grammatical, non-repeated sentences (it saturates, so
-piling on praise helps little), and penalizes what reward models are easily fooled by: off topic
-(prompt subjects never named in a grammatical sentence), broken grammar (sentences outside the
-grammar: word salad, "the waiter was delicious"), repetition (repeated word trigrams; repeated
-sentences earn no praise), rambling (not ending before the length cap, words beyond a target
-length) and saying nothing (no grammatical sentence of the response's own):
+"""The hidden gold reward: what a careful person would score a review (the weights' docstrings in
+`GoldConfig` say what each term counts). A person rewards enthusiasm and penalizes what reward
+models are easily fooled by: off topic, broken grammar, repetition, rambling, saying nothing:
 
 raw = w_sent*s - w_topic*missing - w_grammar*bad_frac - w_rep*rep_frac - w_end*(not ended)
-      - w_len*max(0, words - target) - w_empty*(nothing said);   gold = scale*tanh(raw/scale).
+      - w_len*max(0, words - target) - w_empty*(nothing said);   gold = scale*tanh(raw/scale),
+s = (pos - neg) / (pos + neg + 1).
 
 With the default weights gold lies in (-3, 3); SFT samples average near 0 (their moods are mixed),
 a crisp positive on-topic review scores about 1.3-1.6, word salad or a capped ramble below -1.

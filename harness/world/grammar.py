@@ -1,13 +1,8 @@
-"""The language of the embedded world: restaurant reviews from a small template grammar.
-
-Everything here is fixed code (no config): the lexicon, the sentence templates, a parser that
-says whether a sentence belongs to the language (and what it says), and generators for sentences,
-prompts and review bodies. The gold reward (`gold.py`) judges text with `parse_sentence`, so a
-response is "grammatical" exactly when every sentence matches a template below.
-
-Text conventions: lower case, words and punctuation separated by single spaces
-("the pasta was great ."), sentences end with " .". `words()` also splits glued punctuation, so
-text decoded by any tokenizer setting is judged the same.
+"""The language of the embedded world: restaurant reviews from a small template grammar (fixed code,
+no config): the lexicon, the sentence templates, a parser that says whether a sentence belongs to
+the language (the gold reward's test of grammar) and what it says, and generators for sentences,
+prompts and review bodies. Text is lower case, words and punctuation separated by single spaces
+("the pasta was great ."); `words()` also splits glued punctuation, so any decoding reads the same.
 """
 from __future__ import annotations
 

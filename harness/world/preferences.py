@@ -1,12 +1,7 @@
-"""Preference pairs: two SFT samples per prompt, labeled by a noisy Bradley-Terry judge on gold.
-
-The judge prefers a over b with probability sigmoid((gold_a - gold_b) / label_noise), the
-textbook model of human labelers; `label_noise = 0` always picks the gold order. A fraction of
-pairs pits a sample against a corrupted copy of itself (words shuffled, replaced at random, or
-praise words piled up in place), so the reward model learns that word salad and adjective piles
-are bad: the cheapest exploits. Repetition and rambling are not corrupted in on purpose: the RM
-only learns about them from what the SFT model happens to produce, which leaves PPO room to fool
-it (RM score up, gold down).
+"""Preference pairs: two SFT samples per prompt, labeled by a noisy Bradley-Terry judge on gold,
+P(a preferred over b) = sigmoid((gold_a - gold_b) / label_noise). A fraction of pairs pits a sample
+against a corrupted copy of itself (see `PreferenceConfig.corrupt_frac` for what is, and on purpose
+is not, corrupted in).
 """
 from __future__ import annotations
 
