@@ -26,9 +26,8 @@ _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<se
 
 
 def redact(text: str) -> str:
-    """Hide the password of every `scheme://user:password@host` in `text` (`user:***@host`). Every
-    place a URI can leave the process (printed, logged as a param or tag, written into an artifact,
-    a study attribute or a report) goes through this; credentials belong in the environment
+    """Hide the password of every `scheme://user:password@host` in `text` (`user:***@host`): every
+    place a URI leaves the process goes through this. Credentials belong in the environment
     (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD), not in URIs."""
     return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 

@@ -153,9 +153,8 @@ def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int =
     if i == len(pattern):
         return filled if j == len(toks) else None
     slot = pattern[i]
-    optional = slot.endswith("?")
     cat = slot.rstrip("?")
-    if optional:
+    if slot.endswith("?"):
         skipped = _match(pattern, toks, i + 1, j, filled)
         if skipped is not None:
             return skipped
@@ -198,11 +197,10 @@ def _fill(t: Template, rng: random.Random, polarity: int, subjects: list[str]) -
     out: list[str] = []
     queue = list(subjects)
     for slot in t.pattern:
-        optional = slot.endswith("?")
         cat = slot.rstrip("?")
         if cat not in CATEGORIES:
             out.append(slot)
-        elif optional and rng.random() < 0.6:
+        elif slot.endswith("?") and rng.random() < 0.6:
             continue
         elif cat in SUBJECT_CATEGORIES:
             out.append(queue.pop(0) if queue else rng.choice(CATEGORIES[cat]))
