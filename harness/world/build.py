@@ -238,8 +238,7 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     _write(tmp / INFO_FILE, {
         "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "skipped_identical_pairs": skipped,
-        "torch_threads": torch.get_num_threads(),
+        "skipped_identical_pairs": skipped, "torch_threads": torch.get_num_threads(),
     })
     _write(tmp / WORLD_FILE, {
         "format": WORLD_FORMAT, "config_hash": chash, "config": to_dict(cfg), "metrics": metrics,

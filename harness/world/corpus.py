@@ -25,10 +25,8 @@ def split_prompts(rng: random.Random, task: TaskConfig) -> tuple[list[g.PromptSp
 
 
 def pretrain_docs(rng: random.Random, n: int) -> list[str]:
-    """Generic documents: 2-6 sentences of mixed moods. Like real text they keep to a topic (a
-    dish most food sentences return to), and a fifth sit under a header naming that dish; so the
-    pretrained model already knows to talk about what came before, but not the review format
-    (short, one mood, then stop)."""
+    """Generic documents: 2-6 sentences of mixed moods about one dish, a fifth under a header naming
+    it: the pretrained model talks about what came before, but not in the review format."""
     docs = []
     for _ in range(n):
         topic, other = rng.sample(g.FOODS, 2)

@@ -93,10 +93,9 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
 
 def gold_reward(prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None,
                 weights: GoldConfig | None = None) -> list[float]:
-    """Gold score of each (prompt, response); `ended[i]` = the response stopped with EOS.
-    `ended=None` infers it from the text (ended iff the response ends with "."). Responses are text
-    as decoded by the world tokenizer (special tokens skipped or not: unknown words such as "<pad>"
-    simply make a sentence ungrammatical)."""
+    """Gold score of each (prompt, response) as decoded by the world tokenizer (special tokens such
+    as "<pad>" make a sentence ungrammatical); `ended[i]` = the response stopped with EOS, `ended=None`
+    infers it from the text (ended iff the response ends with ".")."""
     if len(prompts) != len(responses):
         raise ValueError(f"gold_reward: got {len(prompts)} prompts and {len(responses)} responses; allowed: equal lengths")
     if ended is not None and len(ended) != len(responses):

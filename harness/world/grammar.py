@@ -143,8 +143,6 @@ def words(text: str) -> list[str]:
 # -- Parsing ----------------------------------------------------------------------------------------
 # What a grammatical sentence says: its polarity counts and the subjects it names.
 Parse = NamedTuple("Parse", [("positive", int), ("negative", int), ("subjects", tuple[str, ...])])
-
-
 _CATEGORY_SETS = {k: frozenset(v) for k, v in CATEGORIES.items()}
 
 

@@ -109,9 +109,8 @@ def make_pairs(
         rng.shuffle(batch)
         golds = gold_reward([c[0] for c in batch] * 2, [c[1] for c in batch] + [c[3] for c in batch],
                             [c[2] for c in batch] + [c[4] for c in batch], weights=gold)
-        m = len(batch)
         for j, (p, a, ea, b, eb, corr) in enumerate(batch):
-            ga, gb = golds[j], golds[m + j]
+            ga, gb = golds[j], golds[len(batch) + j]
             a_wins, p_label = bt_label(rng, ga, gb, cfg.label_noise)
             pairs.append(Pair(p, a, b, ea, eb, ga, gb, p_label, corr) if a_wins
                          else Pair(p, b, a, eb, ea, gb, ga, p_label, corr))
