@@ -23,12 +23,11 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-CONFIG = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
 
 def section(cls: type) -> type:
     """Make `cls` a validated config section: unknown keys are errors, docstrings document fields."""
-    return _pydantic_dataclass(cls, config=CONFIG)
+    return _pydantic_dataclass(cls, config=ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                                                      validate_assignment=True))
 
 
 def _integral(v: Any) -> Any:

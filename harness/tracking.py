@@ -33,9 +33,8 @@ def redact(text: str) -> str:
 
 
 def client(tracking_uri: str) -> MlflowClient:
-    """A client of the store. A sqlite store is created/migrated under a file lock, once per
-    process: two processes opening a brand-new sqlite store at once (parallel workers, two runs
-    started together) race in MLflow's schema migration and one of them dies."""
+    """A client of the store. A sqlite store is created/migrated under a file lock, once per process:
+    two processes opening a brand-new sqlite store at once race in MLflow's migration; one dies."""
     if tracking_uri.startswith("sqlite:///") and tracking_uri not in _READY:
         db = Path(tracking_uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -112,9 +111,8 @@ def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
 
 
 class MetricLogger:
-    """Collects a step's metrics and writes them in one `log_batch` call. Non-finite values are
-    dropped (and counted) rather than sent: MLflow stores NaN, but a NaN that reaches the store is
-    almost always a bug upstream, and the trainer reports those itself."""
+    """Collects a step's metrics and writes them in one `log_batch` call. Non-finite values are dropped
+    (and counted): a NaN that reaches the store is almost always a bug upstream, reported by the trainer."""
 
     def __init__(self, tracking_uri: str, run_id: str):
         self.client = client(tracking_uri)

@@ -34,12 +34,6 @@ class GoldBreakdown:
     said_nothing: bool
 
 
-def _repeated_trigram_frac(toks: Sequence[str]) -> float:
-    """Fraction of word trigrams that repeat an earlier one."""
-    grams = [tuple(toks[i : i + 3]) for i in range(len(toks) - 2)]
-    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
-
-
 def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weights: GoldConfig | None = None) -> GoldBreakdown:
     """Score one response to one prompt, with every part of the score."""
     w = weights or GoldConfig()
@@ -76,7 +70,8 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
     missing = sum(s not in named for s in subjects) / len(subjects) if subjects else 0.0
     bad_frac = bad / len(sentences) if sentences else 0.0
     sentiment = (pos - neg) / (pos + neg + 1)
-    rep = _repeated_trigram_frac(body)
+    grams = [tuple(body[i : i + 3]) for i in range(len(body) - 2)]
+    rep = (len(grams) - len(set(grams))) / len(grams) if grams else 0.0  # word trigrams repeating an earlier one
     extra = max(0, len(resp) - w.length_target)
     raw = (
         w.sentiment * sentiment

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-# -- Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
-# delicious" is ungrammatical (a person notices, a reward model may not).
-# Polarity: +1 praise, -1 complaint, 0 neutral. A word has one polarity wherever it appears.
+# -- Lexicon. Subjects come in four classes, each with its own adjectives: "the waiter was delicious" is
+# ungrammatical (a person notices, an RM may not). Polarity, one per word: +1 praise, -1 complaint, 0 neutral.
 FOODS = (
     "pasta", "pizza", "soup", "salad", "burger", "steak", "fish", "chicken", "rice", "bread",
     "cake", "pie", "coffee", "tea", "wine", "curry", "sushi", "dessert", "sandwich", "ramen",
@@ -75,9 +74,8 @@ SUBJECT_CLASS: dict[str, str] = {w: c for c in SUBJECT_CATEGORIES for w in CATEG
 
 @dataclass(frozen=True)
 class Template:
-    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots. `polarity` is
-    the sentence's own polarity for fixed phrases ("we will never come back ."); sentences with
-    slots get their polarity from the words that fill them."""
+    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots. `polarity`: that
+    of a fixed phrase ("one star ."); sentences with slots get it from the words that fill them."""
 
     pattern: tuple[str, ...]
     polarity: int = 0

@@ -156,9 +156,8 @@ def sample(
     *, max_new_tokens: int, temperature: float, eos_id: int, banned: Sequence[int] = (),
     generator: torch.Generator, batch_size: int = 256, desc: str = "sample", progress: bool = True,
 ) -> list[tuple[list[int], bool]]:
-    """Sample one response per prompt: (response ids without EOS, ended with EOS?). Prompts are
-    batched by length, so no padding (and no position bookkeeping) is needed. `banned` ids (pad,
-    unk) are never sampled: they are not words."""
+    """(response ids without EOS, ended with EOS?) per prompt; prompts are batched by length, so no
+    padding is needed. `banned` ids (pad, unk) are never sampled: they are not words."""
     model.eval()
     out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
     by_len: dict[int, list[int]] = {}
