@@ -1,9 +1,8 @@
 """Names shared by the trainer, the ablation runner, sweeps and analysis: MLflow metric keys, tags
 and artifact paths. Everything downstream of training meets at the MLflow store, so these names are
-the contract; change them here or nowhere. Metric keys are grouped by prefix the way TRL and verl
-name them. Every key below is logged at every PPO step (x axis = `step`), except those under eval/
-(every logging.eval_every steps), collapse/step (once, when collapse is detected) and the world's
-rm/ keys (reward-model training)."""
+the contract; change them here or nowhere. Metric keys are grouped by prefix as TRL and verl name
+them; all are logged every PPO step except eval/ (every logging.eval_every steps), collapse/step
+(once) and the world's rm/ keys (reward-model training)."""
 
 # -- objective: what the run optimizes and how far it moved (paper section 4) -----------------
 RM_SCORE = "objective/rm_score"  # raw reward-model score, before any scaling (mean over batch)
@@ -104,6 +103,8 @@ TAG_COLLAPSE_REASON = "harness.collapse_reason"
 TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, exception)
 TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
 TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
+TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run
+TAG_CRITIC_FREE = "harness.critic_free"  # "true" when that estimator trains no critic
 # Set by the ablation runner / sweeps on child runs:
 TAG_ABLATION = "harness.ablation"
 TAG_FIGURE = "harness.figure"

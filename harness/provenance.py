@@ -1,8 +1,7 @@
-"""Where a number came from: code, machine, libraries and world, recorded with every run and report.
-
-Float rounding differs between CPUs (an AVX-512 + bf16 machine and an AVX2-only one train
-slightly different worlds and runs from the same seed), so a result without its machine cannot
-be compared with another. Every run logs these as `provenance.*` tags, and reports print them.
+"""Where a number came from: code, machine, libraries and world, logged as `provenance.*` tags with
+every run and printed in reports. Float rounding differs between CPUs (AVX-512 + bf16 vs AVX2-only
+machines train slightly different worlds and runs from one seed), so results compare only with
+their machine.
 """
 from __future__ import annotations
 

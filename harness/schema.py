@@ -1,9 +1,7 @@
-"""The one validation engine for every YAML file the project reads (train, world, ablation and
-sweep files): `@section` classes are pydantic dataclasses (so `dataclasses.replace/fields/asdict`
-keep working) with a docstring under every field, from which `--help` is generated. The YAML is
-read safely (duplicate keys, non-UTF-8 bytes and non-mapping tops are errors) and pydantic's
-errors become one line per problem naming the file (or `--set`), the dotted field, the value and
-what is allowed, with one closest-key hint:
+"""The one validation engine for every YAML file the project reads: `@section` classes are pydantic
+dataclasses with a docstring under every field (the source of `--help`). YAML is read safely
+(duplicate keys, non-UTF-8 bytes and non-mapping tops are errors); every problem becomes one line
+naming the file (or `--set`), the dotted field, the value and what is allowed, with one hint:
 
     config.yaml: ppo.kl_cof: unknown key; did you mean ppo.kl_coef?
     --set: ppo.clip_eps: got 5; allowed: a number > 0 and <= 1 or null
@@ -15,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import re
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -24,12 +23,11 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-CONFIG = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
 
 def section(cls: type) -> type:
     """Make `cls` a validated config section: unknown keys are errors, docstrings document fields."""
-    return _pydantic_dataclass(cls, config=CONFIG)
+    return _pydantic_dataclass(cls, config=ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                                                      validate_assignment=True))
 
 
 def _integral(v: Any) -> Any:
@@ -196,9 +194,7 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list]:
     tp: Any = cls
     meta: list = []
     for part in loc:
-        _, inner = _optional(tp)
-        if get_origin(inner) is typing.Annotated:
-            inner = get_args(inner)[0]
+        inner = base_type(tp)[1]
         fields = _fields(inner)
         if isinstance(part, str) and part in fields:
             names.append(part)
@@ -240,8 +236,7 @@ def validate(cls: type, data: Any, source: str | None = None, prefix: str = "") 
         raise ConfigError(list(dict.fromkeys(head + _problem(cls, err, prefix) for err in e.errors()))) from None
 
 
-def to_dict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
+to_dict = dataclasses.asdict
 
 
 # -- Files plus command-line overrides --------------------------------------------------------------
@@ -330,9 +325,7 @@ def leaf_keys(cls: type) -> list[str]:
 
 
 def help_text(cls: type, width: int = 100) -> str:
-    """Every field as `key = default   (allowed)` with its docstring wrapped under it."""
-    import textwrap
-
+    """Every field as `key = default   (allowed)` with its docstring under it, both wrapped at `width`."""
     lines: list[str] = []
     section_name = None
     for key, tp, default, doc, meta in iter_fields(cls):
@@ -340,7 +333,9 @@ def help_text(cls: type, width: int = 100) -> str:
         if sec != section_name:
             section_name = sec
             lines.append(f"\n[{sec or 'top level'}]")
-        lines.append(f"  {key} = {json.dumps(default, default=str)}   ({describe(tp, meta)})")
+        head = f"{key} = {json.dumps(default, default=str)}   ({describe(tp, meta)})"
+        lines += textwrap.wrap(head, width=width, initial_indent="  ", subsequent_indent="      ",
+                               break_long_words=False, break_on_hyphens=False)
         if doc:
             lines += textwrap.wrap(doc, width=width, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)

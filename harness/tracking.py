@@ -26,17 +26,15 @@ _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<se
 
 
 def redact(text: str) -> str:
-    """Hide the password of every `scheme://user:password@host` in `text` (`user:***@host`). Every
-    place a URI can leave the process (printed, logged as a param or tag, written into an artifact,
-    a study attribute or a report) goes through this; credentials belong in the environment
+    """Hide the password of every `scheme://user:password@host` in `text` (`user:***@host`): every
+    place a URI leaves the process goes through this. Credentials belong in the environment
     (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD), not in URIs."""
     return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 
 def client(tracking_uri: str) -> MlflowClient:
-    """A client of the store. A sqlite store is created/migrated under a file lock, once per
-    process: two processes opening a brand-new sqlite store at once (parallel workers, two runs
-    started together) race in MLflow's schema migration and one of them dies."""
+    """A client of the store. A sqlite store is created/migrated under a file lock, once per process:
+    two processes opening a brand-new sqlite store at once race in MLflow's migration; one dies."""
     if tracking_uri.startswith("sqlite:///") and tracking_uri not in _READY:
         db = Path(tracking_uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -113,9 +111,8 @@ def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
 
 
 class MetricLogger:
-    """Collects a step's metrics and writes them in one `log_batch` call. Non-finite values are
-    dropped (and counted) rather than sent: MLflow stores NaN, but a NaN that reaches the store is
-    almost always a bug upstream, and the trainer reports those itself."""
+    """Collects a step's metrics and writes them in one `log_batch` call. Non-finite values are dropped
+    (and counted): a NaN that reaches the store is almost always a bug upstream, reported by the trainer."""
 
     def __init__(self, tracking_uri: str, run_id: str):
         self.client = client(tracking_uri)

@@ -147,3 +147,12 @@ def test_train_cli_rejects_bad_config_before_building_anything(tmp_path):
     r = subprocess.run([sys.executable, "-m", "harness.train", "--set", "ppo.kl_cof=0.1", "--set", "data.world_dir=/nonexistent"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "did you mean ppo.kl_coef" in r.stderr
+
+
+def test_help_text_wraps_every_line_at_width():
+    from harness.schema import help_text
+
+    lines = help_text(TrainConfig, width=100).splitlines()
+    assert max(map(len, lines)) <= 100
+    i = next(i for i, line in enumerate(lines) if line.startswith("  ppo.adv_estimator = "))
+    assert lines[i + 1].startswith("      ") and "'remax')" in "".join(lines[i : i + 3])

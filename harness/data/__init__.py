@@ -27,7 +27,6 @@ def load_source(cfg: TrainConfig) -> PromptSource:
 
     hh = load_hh_rlhf(cfg.data.hh_path)
     if hh.malformed:
-        # counted and reported, never silently dropped
         print(f"[harness] {hh.summary(max_listed=5)}", file=sys.stderr)
     # hold out at most a tenth of the prompts for evaluation, and say so when that is fewer than asked
     n_eval = min(cfg.data.eval_prompts, len(hh.prompts) // 10)

@@ -8,9 +8,7 @@ everything up to the last assistant turn. From each line:
              prompt + chosen is the original dialogue exactly),
   rejected = the rest of the rejected dialogue.
 
-Malformed lines (not UTF-8, bad JSON, not an object, missing or non-string keys, no assistant
-turn, chosen and rejected prompts that differ) are never silently dropped: each is returned with
-its 1-based line number and reason, and `summary()` reports them.
+Malformed lines are never silently dropped: each is kept with its line number and reason.
 """
 from __future__ import annotations
 
@@ -109,12 +107,10 @@ def parse_line(raw: bytes, line: int) -> HHExample | Malformed:
             return Malformed(line, f"missing key {key!r} (keys: {sorted(obj)})")
         if not isinstance(obj[key], str):
             return Malformed(line, f"{key!r} is not a string (got {type(obj[key]).__name__})")
-    chosen = split_dialogue(obj["chosen"])
-    rejected = split_dialogue(obj["rejected"])
-    if chosen is None:
-        return Malformed(line, "no '\\n\\nAssistant:' turn in 'chosen'")
-    if rejected is None:
-        return Malformed(line, "no '\\n\\nAssistant:' turn in 'rejected'")
+    chosen, rejected = split_dialogue(obj["chosen"]), split_dialogue(obj["rejected"])
+    for key, half in (("chosen", chosen), ("rejected", rejected)):
+        if half is None:
+            return Malformed(line, f"no '\\n\\nAssistant:' turn in {key!r}")
     if chosen[0] != rejected[0]:
         at = len(os.path.commonprefix([chosen[0], rejected[0]]))
         return Malformed(line, f"chosen and rejected prompts differ (first difference at character {at})")

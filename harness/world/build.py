@@ -1,12 +1,7 @@
-"""Build, cache and load the embedded world.
-
-`build_world(cfg, out_dir)` runs the stages (corpora -> tokenizer -> pretrained LM -> SFT LM ->
-preference pairs -> reward model) into a temporary folder beside `out_dir` and renames it into
-place only when complete, so a killed build never leaves half a world; a later call with the same
-config (its hash is in world.json) returns at once. A world folder holds world.json (config, hash,
-format version, RM numbers), build_info.json (timings, MLflow run id: differs between identical
-builds), config.yaml, the Hugging Face folders tokenizer/ pretrained/ sft/ reward/ (tokenizer in
-each) and data/ (prompts, corpora, preference pairs, RM curves, rm_score_diff.json).
+"""Build, cache and load the embedded world. `build_world` runs the stages into a temporary folder
+beside `out_dir` and renames it into place only when complete, so a killed build never leaves half
+a world; a later call with the same config (its hash is in world.json) returns at once. Of the
+files, only build_info.json (timings, MLflow run id) differs between identical builds.
 """
 from __future__ import annotations
 
@@ -38,6 +33,8 @@ from harness.world.reward_model import accuracy, encode_pairs, reward_model_from
 
 WORLD_FILE = "world.json"
 INFO_FILE = "build_info.json"
+HF_DIRS = ("tokenizer", "pretrained", "sft", "reward")
+"""The Hugging Face folders of a world (the tokenizer travels in each)."""
 
 
 class WorldError(RuntimeError):
@@ -54,16 +51,11 @@ class World:
     train_prompts: list[str]
     eval_prompts: list[str]
     sft_pairs: list[tuple[str, str]]
+    tokenizer_dir: Path  # the HF_DIRS below `dir`
+    pretrained_dir: Path
+    sft_dir: Path
+    reward_dir: Path
     metrics: dict[str, float] = field(default_factory=dict)
-    # The Hugging Face folders below `dir`, derived from it (the tokenizer travels in each).
-    tokenizer_dir: Path = field(init=False)
-    pretrained_dir: Path = field(init=False)
-    sft_dir: Path = field(init=False)
-    reward_dir: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        for name in ("tokenizer", "pretrained", "sft", "reward"):
-            setattr(self, f"{name}_dir", self.dir / name)
 
     def gold_reward(self, prompts: Sequence[str], responses: Sequence[str],
                     ended: Sequence[bool] | None = None) -> list[float]:
@@ -93,6 +85,7 @@ def load_world(dir: str | Path) -> World:
         train_prompts=json.loads((data / "train_prompts.json").read_text()),
         eval_prompts=json.loads((data / "eval_prompts.json").read_text()),
         sft_pairs=[(p, r) for p, r in map(json.loads, (data / "sft_pairs.jsonl").read_text().splitlines())],
+        **{f"{name}_dir": d / name for name in HF_DIRS},
         metrics=meta.get("metrics", {}),
     )
 
@@ -163,10 +156,9 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     (data / "pretrain.txt").write_text("".join(d + "\n" for d in docs))
     lap("corpus")
 
-    # 2. Tokenizer (words of the grammar are all included, even ones the corpora never drew); it
-    # travels with every model.
+    # 2. Tokenizer over every word of the grammar, drawn by the corpora or not; it travels with every model.
     tok = train_tokenizer(docs + [f"{p} {r}" for p, r in sft] + [" ".join(grammar.vocabulary())])
-    for name in ("tokenizer", "pretrained", "sft", "reward"):
+    for name in HF_DIRS:
         tok.save_pretrained(tmp / name)
     lap("tokenizer")
 
@@ -243,8 +235,7 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     _write(tmp / INFO_FILE, {
         "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "skipped_identical_pairs": skipped,
-        "torch_threads": torch.get_num_threads(),
+        "skipped_identical_pairs": skipped, "torch_threads": torch.get_num_threads(),
     })
     _write(tmp / WORLD_FILE, {
         "format": WORLD_FORMAT, "config_hash": chash, "config": to_dict(cfg), "metrics": metrics,
@@ -265,12 +256,10 @@ def build_world(
     progress: bool = True,
     force: bool = False,
 ) -> Path:
-    """Build the world for `wcfg` into `out_dir` (or return at once if it is already there).
-
-    With a tracking URI the build is one MLflow run in `experiment` (tag harness.role=world) with
-    the RM curves, final numbers and rm_score_diff.json. `force` rebuilds even a matching world.
-    One builder per output folder at a time (parallel workers may all ask for the world).
-    """
+    """Build the world for `wcfg` into `out_dir`, or return at once if it is already there (`force`:
+    rebuild anyway); one builder per folder at a time, as parallel workers may all ask for it. With a
+    tracking URI the build is one MLflow run in `experiment` (tag harness.role=world) with the RM
+    curves, final numbers and rm_score_diff.json."""
     out = Path(out_dir).resolve()
     chash = world_config_hash(wcfg)
     if not force and built_hash(out) == chash:

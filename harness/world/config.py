@@ -183,6 +183,5 @@ def load_world_config(path: str | Path | None = None, overrides: list[str] | dic
 
 def world_config_hash(cfg: WorldConfig) -> str:
     """Hash of everything that changes what the build produces (the cache key)."""
-    data = to_dict(cfg)
-    data["_format"] = WORLD_FORMAT
+    data = {**to_dict(cfg), "_format": WORLD_FORMAT}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

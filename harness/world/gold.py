@@ -1,16 +1,10 @@
-"""The hidden gold reward: what a careful person would score a review.
-
-The task: given a prompt ("review of the pasta :", "the service was", ...) write a short,
-enthusiastic review that talks about what the prompt asks about. A person rewards enthusiasm,
-s = (pos - neg) / (pos + neg + 1) over the grammatical, non-repeated sentences (it saturates, so
-piling on praise helps little), and penalizes what reward models are easily fooled by: off topic
-(prompt subjects never named in a grammatical sentence), broken grammar (sentences outside the
-grammar: word salad, "the waiter was delicious"), repetition (repeated word trigrams; repeated
-sentences earn no praise), rambling (not ending before the length cap, words beyond a target
-length) and saying nothing (no grammatical sentence of the response's own):
+"""The hidden gold reward: what a careful person would score a review (the weights' docstrings in
+`GoldConfig` say what each term counts). A person rewards enthusiasm and penalizes what reward
+models are easily fooled by: off topic, broken grammar, repetition, rambling, saying nothing:
 
 raw = w_sent*s - w_topic*missing - w_grammar*bad_frac - w_rep*rep_frac - w_end*(not ended)
-      - w_len*max(0, words - target) - w_empty*(nothing said);   gold = scale*tanh(raw/scale).
+      - w_len*max(0, words - target) - w_empty*(nothing said);   gold = scale*tanh(raw/scale),
+s = (pos - neg) / (pos + neg + 1).
 
 With the default weights gold lies in (-3, 3); SFT samples average near 0 (their moods are mixed),
 a crisp positive on-topic review scores about 1.3-1.6, word salad or a capped ramble below -1.
@@ -38,12 +32,6 @@ class GoldBreakdown:
     ended: bool
     extra_words: int
     said_nothing: bool
-
-
-def _repeated_trigram_frac(toks: Sequence[str]) -> float:
-    """Fraction of word trigrams that repeat an earlier one."""
-    grams = [tuple(toks[i : i + 3]) for i in range(len(toks) - 2)]
-    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weights: GoldConfig | None = None) -> GoldBreakdown:
@@ -82,7 +70,8 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
     missing = sum(s not in named for s in subjects) / len(subjects) if subjects else 0.0
     bad_frac = bad / len(sentences) if sentences else 0.0
     sentiment = (pos - neg) / (pos + neg + 1)
-    rep = _repeated_trigram_frac(body)
+    grams = [tuple(body[i : i + 3]) for i in range(len(body) - 2)]
+    rep = (len(grams) - len(set(grams))) / len(grams) if grams else 0.0  # word trigrams repeating an earlier one
     extra = max(0, len(resp) - w.length_target)
     raw = (
         w.sentiment * sentiment
@@ -99,10 +88,9 @@ def gold_breakdown(prompt: str, response: str, ended: bool | None = None, weight
 
 def gold_reward(prompts: Sequence[str], responses: Sequence[str], ended: Sequence[bool] | None = None,
                 weights: GoldConfig | None = None) -> list[float]:
-    """Gold score of each (prompt, response); `ended[i]` = the response stopped with EOS.
-    `ended=None` infers it from the text (ended iff the response ends with "."). Responses are text
-    as decoded by the world tokenizer (special tokens skipped or not: unknown words such as "<pad>"
-    simply make a sentence ungrammatical)."""
+    """Gold score of each (prompt, response) as decoded by the world tokenizer (special tokens such
+    as "<pad>" make a sentence ungrammatical); `ended[i]` = the response stopped with EOS, `ended=None`
+    infers it from the text (ended iff the response ends with ".")."""
     if len(prompts) != len(responses):
         raise ValueError(f"gold_reward: got {len(prompts)} prompts and {len(responses)} responses; allowed: equal lengths")
     if ended is not None and len(ended) != len(responses):

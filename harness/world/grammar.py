@@ -1,13 +1,8 @@
-"""The language of the embedded world: restaurant reviews from a small template grammar.
-
-Everything here is fixed code (no config): the lexicon, the sentence templates, a parser that
-says whether a sentence belongs to the language (and what it says), and generators for sentences,
-prompts and review bodies. The gold reward (`gold.py`) judges text with `parse_sentence`, so a
-response is "grammatical" exactly when every sentence matches a template below.
-
-Text conventions: lower case, words and punctuation separated by single spaces
-("the pasta was great ."), sentences end with " .". `words()` also splits glued punctuation, so
-text decoded by any tokenizer setting is judged the same.
+"""The language of the embedded world: restaurant reviews from a small template grammar (fixed code,
+no config): the lexicon, the sentence templates, a parser that says whether a sentence belongs to
+the language (the gold reward's test of grammar) and what it says, and generators for sentences,
+prompts and review bodies. Text is lower case, words and punctuation separated by single spaces
+("the pasta was great ."); `words()` also splits glued punctuation, so any decoding reads the same.
 """
 from __future__ import annotations
 
@@ -17,9 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-# -- Lexicon. Subjects come in four classes; each class has its own adjectives, so "the waiter was
-# delicious" is ungrammatical (a person notices, a reward model may not).
-# Polarity: +1 praise, -1 complaint, 0 neutral. A word has one polarity wherever it appears.
+# -- Lexicon. Subjects come in four classes, each with its own adjectives: "the waiter was delicious" is
+# ungrammatical (a person notices, an RM may not). Polarity, one per word: +1 praise, -1 complaint, 0 neutral.
 FOODS = (
     "pasta", "pizza", "soup", "salad", "burger", "steak", "fish", "chicken", "rice", "bread",
     "cake", "pie", "coffee", "tea", "wine", "curry", "sushi", "dessert", "sandwich", "ramen",
@@ -80,9 +74,8 @@ SUBJECT_CLASS: dict[str, str] = {w: c for c in SUBJECT_CATEGORIES for w in CATEG
 
 @dataclass(frozen=True)
 class Template:
-    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots. `polarity` is
-    the sentence's own polarity for fixed phrases ("we will never come back ."); sentences with
-    slots get their polarity from the words that fill them."""
+    """A sentence pattern: literal words, CATEGORY slots, `CATEGORY?` optional slots. `polarity`: that
+    of a fixed phrase ("one star ."); sentences with slots get it from the words that fill them."""
 
     pattern: tuple[str, ...]
     polarity: int = 0
@@ -148,8 +141,6 @@ def words(text: str) -> list[str]:
 # -- Parsing ----------------------------------------------------------------------------------------
 # What a grammatical sentence says: its polarity counts and the subjects it names.
 Parse = NamedTuple("Parse", [("positive", int), ("negative", int), ("subjects", tuple[str, ...])])
-
-
 _CATEGORY_SETS = {k: frozenset(v) for k, v in CATEGORIES.items()}
 
 
@@ -158,9 +149,8 @@ def _match(pattern: tuple[str, ...], toks: tuple[str, ...], i: int = 0, j: int =
     if i == len(pattern):
         return filled if j == len(toks) else None
     slot = pattern[i]
-    optional = slot.endswith("?")
     cat = slot.rstrip("?")
-    if optional:
+    if slot.endswith("?"):
         skipped = _match(pattern, toks, i + 1, j, filled)
         if skipped is not None:
             return skipped
@@ -203,11 +193,10 @@ def _fill(t: Template, rng: random.Random, polarity: int, subjects: list[str]) -
     out: list[str] = []
     queue = list(subjects)
     for slot in t.pattern:
-        optional = slot.endswith("?")
         cat = slot.rstrip("?")
         if cat not in CATEGORIES:
             out.append(slot)
-        elif optional and rng.random() < 0.6:
+        elif slot.endswith("?") and rng.random() < 0.6:
             continue
         elif cat in SUBJECT_CATEGORIES:
             out.append(queue.pop(0) if queue else rng.choice(CATEGORIES[cat]))

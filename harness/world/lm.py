@@ -1,11 +1,7 @@
 """Small GPT-2 models and their word-level tokenizer: construction, one plain training loop, and a
 seeded sampler. Kept plain (no Trainer, no generate()) so a build is deterministic from its seed:
-every random draw goes through an explicit torch.Generator or a seeded init.
-
-Token format (the trainer relies on it): prompt ids = `tokenizer(prompt)["input_ids"]` (no
-special tokens are added); a full sample = prompt ids + response ids + [eos] when the response
-ended. `<pad>` (id 0) differs from `<eos>` (id 1), so a reward model can score the last non-pad
-token, which is EOS for ended responses.
+every random draw goes through an explicit torch.Generator or a seeded init. Token format (the
+trainer relies on it): docs/CONTRACTS.md; `<pad>` (id 0) differs from `<eos>` (id 1).
 """
 from __future__ import annotations
 
@@ -160,9 +156,8 @@ def sample(
     *, max_new_tokens: int, temperature: float, eos_id: int, banned: Sequence[int] = (),
     generator: torch.Generator, batch_size: int = 256, desc: str = "sample", progress: bool = True,
 ) -> list[tuple[list[int], bool]]:
-    """Sample one response per prompt: (response ids without EOS, ended with EOS?). Prompts are
-    batched by length, so no padding (and no position bookkeeping) is needed. `banned` ids (pad,
-    unk) are never sampled: they are not words."""
+    """(response ids without EOS, ended with EOS?) per prompt; prompts are batched by length, so no
+    padding is needed. `banned` ids (pad, unk) are never sampled: they are not words."""
     model.eval()
     out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
     by_len: dict[int, list[int]] = {}

@@ -1,12 +1,7 @@
-"""Preference pairs: two SFT samples per prompt, labeled by a noisy Bradley-Terry judge on gold.
-
-The judge prefers a over b with probability sigmoid((gold_a - gold_b) / label_noise), the
-textbook model of human labelers; `label_noise = 0` always picks the gold order. A fraction of
-pairs pits a sample against a corrupted copy of itself (words shuffled, replaced at random, or
-praise words piled up in place), so the reward model learns that word salad and adjective piles
-are bad: the cheapest exploits. Repetition and rambling are not corrupted in on purpose: the RM
-only learns about them from what the SFT model happens to produce, which leaves PPO room to fool
-it (RM score up, gold down).
+"""Preference pairs: two SFT samples per prompt, labeled by a noisy Bradley-Terry judge on gold,
+P(a preferred over b) = sigmoid((gold_a - gold_b) / label_noise). A fraction of pairs pits a sample
+against a corrupted copy of itself (see `PreferenceConfig.corrupt_frac` for what is, and on purpose
+is not, corrupted in).
 """
 from __future__ import annotations
 
@@ -114,9 +109,8 @@ def make_pairs(
         rng.shuffle(batch)
         golds = gold_reward([c[0] for c in batch] * 2, [c[1] for c in batch] + [c[3] for c in batch],
                             [c[2] for c in batch] + [c[4] for c in batch], weights=gold)
-        m = len(batch)
         for j, (p, a, ea, b, eb, corr) in enumerate(batch):
-            ga, gb = golds[j], golds[m + j]
+            ga, gb = golds[j], golds[len(batch) + j]
             a_wins, p_label = bt_label(rng, ga, gb, cfg.label_noise)
             pairs.append(Pair(p, a, b, ea, eb, ga, gb, p_label, corr) if a_wins
                          else Pair(p, b, a, eb, ea, gb, ga, p_label, corr))

@@ -46,8 +46,7 @@ def score(rm: GPT2ForSequenceClassification, seqs: Sequence[list[int]], pad_id: 
 def score_diffs(rm, encoded: Encoded, pad_id: int) -> list[float]:
     """r(chosen) - r(rejected) for each pair."""
     r = score(rm, [c for c, _ in encoded] + [rj for _, rj in encoded], pad_id)
-    n = len(encoded)
-    return [r[i] - r[n + i] for i in range(n)]
+    return [c - rj for c, rj in zip(r, r[len(encoded):])]
 
 
 def accuracy(diffs: Sequence[float]) -> float:
