@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from . import keys, parallel, provenance, tracking
+from . import keys, parallel, prog, provenance, tracking
 from .algorithms.estimators import NEEDS_CRITIC
 from .config import (
     ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
@@ -164,8 +163,8 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
         tags = {
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
             keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train",
-            "harness.adv_estimator": cfg.ppo.adv_estimator,
-            "harness.critic_free": str(cfg.ppo.adv_estimator not in NEEDS_CRITIC).lower(),
+            keys.TAG_ADV_ESTIMATOR: cfg.ppo.adv_estimator,
+            keys.TAG_CRITIC_FREE: str(cfg.ppo.adv_estimator not in NEEDS_CRITIC).lower(),
             **provenance.record(cfg.data.world_dir if cfg.data.source == "world" else None), **log.tags,
         }
         run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)
@@ -326,12 +325,10 @@ def _log_samples(trainer, b, run: RunLog, step: int) -> None:
 # ------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m harness.train",
+        prog=prog("harness.train"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train one PPO / APA / AWR run and log it to MLflow.",
-        # long `key = default (allowed)` lines wrap too: the registry's names make some >100 characters
-        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + "\n".join(
-            textwrap.fill(line, 100, subsequent_indent=" " * 6) for line in help_text().split("\n")),
+        epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + help_text(),
     )
     ap.add_argument("config", nargs="?", help="YAML config file (optional: defaults + --set work alone)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

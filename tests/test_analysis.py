@@ -481,14 +481,14 @@ def test_collapse_claims_binomial_and_rmst(env):
 
 def test_within_run_claims(env):
     assert all(r.verdict == C.REPRODUCED for r in verdicts(env, "rm_scores").values())
-    pairs = Claim("above chance", "ours", None, PairsAboveChance())
+    pairs = Claim("above chance", "ours", PairsAboveChance())
     assert C.check_claims(data_of(env, "rm_bad"), [pairs]).verdict[0] == C.NOT_REPRODUCED
     assert C.check_claims(data_of(env, "rm_coin"), [pairs]).verdict[0] == C.INCONCLUSIVE
     dist = verdicts(env, "rm_score_dist")
     assert dist["The held-out RM-score distribution moves up."].verdict == C.REPRODUCED
     assert dist["The held-out RM-score distribution grows a long tail."].verdict == C.REPRODUCED
     assert "step 4" in dist["The held-out RM-score distribution moves up."].numbers
-    shift = [Claim(w, "ours", None, EvalScoresShift(what=w)) for w in ("mean", "sd")]
+    shift = [Claim(w, "ours", EvalScoresShift(what=w)) for w in ("mean", "sd")]
     assert C.check_claims(data_of(env, "eval_down"), shift[:1]).verdict[0] == C.NOT_REPRODUCED
     assert list(C.check_claims(data_of(env, "eval_flat"), shift).verdict) == [C.INCONCLUSIVE, C.INCONCLUSIVE]
 
