@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import GELUTanh, NewGELUActivation
 
 from .algorithms.losses import entropy_from_logits
 
@@ -250,7 +251,7 @@ class StaticGPT2Decoder:
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Run new tokens ids [B, T] at positions pos [B, T] through the blocks; returns the last
-        position's final hidden state [B, E]. mask: [B, 1, T, t+T] bool (True = attend)."""
+        position's logits [B, V]. mask: [B, 1, T, t+T] bool (True = attend)."""
         tr, E, H, D = self.tr, self.E, self.H, self.D
         B, T = ids.shape
         t0, t1 = self.t, self.t + T
@@ -266,19 +267,16 @@ class StaticGPT2Decoder:
             x = x + a.c_proj(o.transpose(1, 2).reshape(B, T, E))
             x = x + blk.mlp.c_proj(blk.mlp.act(blk.mlp.c_fc(blk.ln_2(x))))
         self.t = t1
-        return tr.ln_f(x[:, -1])
+        return self.model.lm_head(tr.ln_f(x[:, -1]))
 
     def prefill(self, prompt_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         P = self.P
         causal = torch.ones(P, P, dtype=torch.bool, device=prompt_ids.device).tril()
         mask = (causal[None] & self.key_ok[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=prompt_ids.device)[None]
-        h = self._forward(prompt_ids, pos, mask[:, None])
-        return self.model.lm_head(h)
+        return self._forward(prompt_ids, pos, mask[:, None])
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        mask = self.key_ok[:, None, None, : self.t + 1]
-        h = self._forward(tok[:, None], pos[:, None], mask)
-        return self.model.lm_head(h)
+        return self._forward(tok[:, None], pos[:, None], self.key_ok[:, None, None, : self.t + 1])
 
 
 def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
@@ -287,40 +285,26 @@ def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
     return {"logits_to_keep": n} if "logits_to_keep" in _forward_args(type(getattr(model, "module", model))) else {}
 
 
-def response_logits(model: torch.nn.Module, seq: torch.Tensor, attn: torch.Tensor, P: int, temperature: float) -> torch.Tensor:
-    """Logits that predict each response token: positions P-1 .. end-1, divided by temperature.
-
-    The LM head runs only on those positions (and the last one, dropped) where the model takes
-    `logits_to_keep`; the prompt positions' logits are never needed.
-    """
+def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the response `tokens` and (unless with_entropy=False: None) the full-vocab entropy
+    per position, from the logits at positions P-1 .. end-1 divided by temperature. The LM head runs
+    only on those (and the last one, dropped) where the model takes `logits_to_keep`."""
     R = seq.shape[1] - P
     out = model(input_ids=seq, attention_mask=attn, position_ids=position_ids(attn), use_cache=False, **_keep_last(model, R + 1))
-    return out.logits[:, -(R + 1) : -1, :].float() / temperature
-
-
-def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of `tokens` and (unless with_entropy=False: None) the full-vocab entropy per position."""
-    logits = response_logits(model, seq, attn, P, temperature)
+    logits = out.logits[:, -(R + 1) : -1, :].float() / temperature
     logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
     return logprobs, (entropy_from_logits(logits) if with_entropy else None)
 
 
-def fuse_activations(model: torch.nn.Module) -> int:
+def fuse_activations(model: torch.nn.Module) -> None:
     """Swap transformers' `NewGELUActivation` (GPT-2's gelu_new: five elementwise ops forward and
     more backward) for the fused `F.gelu(approximate="tanh")` kernel: the same function, computed
     in one pass (transformers ships it as `GELUTanh`; it differs by float round-off only).
-    Returns how many modules were swapped; parameters and state dicts are untouched."""
-    try:
-        from transformers.activations import GELUTanh, NewGELUActivation
-    except ImportError:  # older transformers
-        return 0
-    n = 0
+    Parameters and state dicts are untouched."""
     for mod in model.modules():
         for name, child in list(mod.named_children()):
             if type(child) is NewGELUActivation:
                 setattr(mod, name, GELUTanh())
-                n += 1
-    return n
 
 
 def critic_values(critic, seq: torch.Tensor, attn: torch.Tensor, P: int) -> torch.Tensor:

@@ -1,9 +1,5 @@
-"""One training run: `python -m harness.train CONFIG.yaml [--set key=value ...] [--resume]`.
-
-Owns the run's life: validate the config, open (or reopen) the MLflow run, build the models,
-train step by step with one metric batch per step, samples / eval / checkpoints on schedule,
-the collapse rule, and a clean FAILED status with the reason when anything goes wrong.
-"""
+"""One training run: `python -m harness.train CONFIG.yaml [--set key=value ...] [--resume]`, from
+config checks to the MLflow run's end (FAILED with the reason when anything goes wrong)."""
 from __future__ import annotations
 
 import argparse
@@ -284,11 +280,10 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             stop_cb = parallel.agree_stop(env, stop_cb, run_dir)  # rank 0 decides (or a STOP file); all ranks follow
             if log.checkpoint_every and step % log.checkpoint_every == 0 and step < cfg.ppo.steps:
                 checkpoint(step)
-            if stop_cb:
-                run.tags({keys.TAG_STOPPED: "callback"})
-                break
-            if event is not None and cfg.collapse.stop_on_collapse:
-                run.tags({keys.TAG_STOPPED: "collapse"})
+            collapse_stop = event is not None and cfg.collapse.stop_on_collapse
+            stopped_by = "callback" if stop_cb else "collapse" if collapse_stop else None
+            if stopped_by:
+                run.tags({keys.TAG_STOPPED: stopped_by})
                 break
     finally:
         if bar is not None:

@@ -1,12 +1,9 @@
 """The PPO step, top to bottom: rollout -> scores -> per-token rewards -> advantages -> PPO epochs.
 
-Every trick is a flag in `harness.config` and every formula a pure function in `harness.algorithms`;
-this module only orchestrates. One trainer runs 1 rank or W (`parallel.DistEnv`), computing what one
-rank computes on the same global batch up to float rounding: every rank draws the same prompts and
-samples its slice with keyed sampling; the scored shards are all-gathered once and rewards,
-advantages and rollout metrics computed redundantly; each rank back-propagates its share of a
-global minibatch's loss numerator over the global denominator; `state_dict()` gathers the
-single-process checkpoint format.
+Formulas live in `harness.algorithms`; this module only orchestrates. On W ranks it computes what one
+rank does with the same global batch, up to float rounding: each rank samples its slice (keyed
+sampling), the scored shards are all-gathered once (rewards and advantages computed redundantly),
+and each rank back-propagates its share of a global minibatch's loss numerator over the global denominator.
 """
 from __future__ import annotations
 
@@ -117,10 +114,8 @@ class PPOTrainer:
         # prompt + response must fit the context: prompts give way (they keep their last tokens)
         self.max_prompt_tokens = min(cfg.data.max_prompt_tokens, self.max_positions - cfg.generation.max_new_tokens)
         if self.max_prompt_tokens < 1:
-            raise ValueError(
-                f"generation.max_new_tokens: got {cfg.generation.max_new_tokens}; allowed: less than the policy's "
-                f"context of {self.max_positions} tokens, leaving room for the prompt"
-            )
+            raise ValueError(f"generation.max_new_tokens: got {cfg.generation.max_new_tokens}; allowed: less than the "
+                             f"policy's context of {self.max_positions} tokens, leaving room for the prompt")
         for model in (models.policy, models.reference, models.reward, models.critic):
             if model is not None:
                 fuse_activations(model)  # GPT-2's gelu_new as one fused kernel: same function, ~3x cheaper

@@ -6,8 +6,6 @@ logging: `clipped` (1 where the clip or weight cap bit), `ratio`, `log_ratio`.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from .stats import masked_mean
@@ -80,9 +78,7 @@ def awr_loss(
     return loss_tok, _rollout_ratio(logprobs, old_logprobs, clipped)
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Stats]]] = {
-    "ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss,
-}
+POLICY_LOSSES = {"ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss}
 
 
 def value_loss(
@@ -92,10 +88,7 @@ def value_loss(
     mask: torch.Tensor,
     clip: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """0.5*max((V-R)^2, (clip(V, V_old-d, V_old+d)-R)^2), or 0.5*(V-R)^2 when clip is None.
-
-    Returns (loss, clip fraction).
-    """
+    """(loss, clip fraction): 0.5*max((V-R)^2, (clip(V, V_old-d, V_old+d)-R)^2), or 0.5*(V-R)^2 when clip is None."""
     unclipped = (values - returns) ** 2
     if clip is None:
         return 0.5 * masked_mean(unclipped, mask), torch.zeros(())

@@ -55,9 +55,7 @@ def token_rewards(
     kl_coef: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """r_t = -kl_coef * kl_t at every response token, plus the processed score at the last one.
-
-    Returns (rewards [B, T], non_score_rewards [B, T]); masked-out positions are 0.
-    """
+    Returns (rewards [B, T], non_score_rewards [B, T]); masked-out positions are 0."""
     non_score = -kl_coef * kl * mask
     rewards = non_score.clone()
     last = (mask.sum(1).long() - 1).clamp(min=0)
