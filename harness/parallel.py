@@ -108,11 +108,8 @@ def cpu_supports_bf16() -> bool:
         text = Path("/proc/cpuinfo").read_text()
     except Exception:
         return False
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    flag_lines = [line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith(("flags", "Features"))]
+    return any({"avx512_bf16", "amx_bf16", "bf16"} & set(flags) for flags in flag_lines)
 
 
 def deepspeed_import_error() -> str | None:
@@ -126,17 +123,13 @@ def deepspeed_import_error() -> str | None:
 
 def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int | None = None) -> list[str]:
     """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch, and
-    the rules that need the advantage estimators' registry (kept out of torch-free `harness.config`).
-
-    Each names the field, the value and what is allowed, like `harness.config` does.
-    """
+    the rules that need the advantage estimators' registry (kept out of torch-free `harness.config`)."""
     d, p = cfg.distributed, cfg.ppo
     dev = device_type or _resolve_device_type(cfg)
     world = world_size if world_size is not None else (launched_world_size() or 1)
-    out: list[str] = []
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        out.append("device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto")
-        return out
+        return ["device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto"]
+    out: list[str] = []
     on = "a CPU" if dev == "cpu" else f"GPU {torch.cuda.get_device_name(0)!r}" if torch.cuda.is_available() else "this GPU"
 
     if not d.deepspeed:
@@ -212,11 +205,10 @@ def _init_deepspeed(backend: str, device_type: str) -> None:
         if os.environ.get("HARNESS_DS_SHM_COMM") != "1":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes on a small
             # machine) that only speeds up CPU-to-CPU collectives; gloo does the same job.
-            import importlib
+            import deepspeed.comm.torch as ds_comm
 
-            mod = importlib.import_module("deepspeed.comm.torch")
-            if hasattr(mod, "build_shm_op"):
-                mod.build_shm_op = lambda: None
+            if hasattr(ds_comm, "build_shm_op"):
+                ds_comm.build_shm_op = lambda: None
     import warnings
 
     import deepspeed

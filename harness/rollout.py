@@ -89,9 +89,8 @@ def left_pad(token_lists: list[list[int]], pad_id: int, device: torch.device, wi
     ids = torch.full((len(token_lists), P), pad_id, dtype=torch.long)
     mask = torch.zeros((len(token_lists), P), dtype=torch.long)
     for i, t in enumerate(token_lists):
-        if t:
-            ids[i, P - len(t):] = torch.tensor(t)
-            mask[i, P - len(t):] = 1
+        ids[i, P - len(t):] = torch.tensor(t, dtype=torch.long)
+        mask[i, P - len(t):] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -139,9 +138,7 @@ def sample(
     """Autoregressive sampling with a KV cache, one token per row per forward, each row's noise
     from its key (`row_keys` [B], see the module doc).
 
-    GPT-2 models run through `StaticGPT2Decoder` (the same weights and formulas, preallocated
-    key/value buffers, no per-token cache or mask objects); other models (or `fast=False`)
-    through `CachedDecoder`, their own forward with the model's KV cache.
+    GPT-2 models run through `StaticGPT2Decoder`, other models (or `fast=False`) through `CachedDecoder`.
     `with_entropy` also returns the policy entropy at each step (as `entropy_from_logits` of the
     temperature-scaled logits), so the teacher-forced policy pass can be skipped when the old
     log-probs come from sampling. `greedy` takes the argmax instead of drawing (ReMax's baseline
@@ -156,9 +153,8 @@ def sample(
     else:
         dec = CachedDecoder(model, prompt_mask)
     logits = dec.prefill(prompt_ids, pos)
-    next_pos = pos[:, -1] + 1
+    first_pos = pos[:, -1] + 1  # of the first response token
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    pad_col = torch.full((B,), pad_id, dtype=torch.long, device=device)
     tokens, logps, ents = [], [], []
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
@@ -168,7 +164,7 @@ def sample(
         else:
             tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
         if stop_at_eos:
-            tok = torch.where(finished, pad_col, tok)
+            tok = torch.where(finished, pad_id, tok)
         tokens.append(tok)
         logps.append(logp_all.gather(1, tok[:, None]).squeeze(1))
         if with_entropy:
@@ -177,20 +173,16 @@ def sample(
             finished = finished | (tok == eos_id)
             if all_finished(bool(finished.all())):
                 break
-        if t == max_new_tokens - 1:
-            break
-        logits = dec.step(tok, next_pos)
-        next_pos = next_pos + 1
+        if t < max_new_tokens - 1:
+            logits = dec.step(tok, first_pos + t)
     response = torch.stack(tokens, 1)
     is_eos = (response == eos_id) if stop_at_eos else torch.zeros_like(response, dtype=torch.bool)
     # a token is in the response if no EOS came strictly before it
     eos_before = (is_eos.long().cumsum(1) - is_eos.long()) > 0
     mask = (~eos_before).long()
-    ended = is_eos.any(1)
-    sample_logprobs = torch.stack(logps, 1) * mask
     entropy = torch.stack(ents, 1) * mask if with_entropy else None
     response = torch.where(mask.bool(), response, torch.full_like(response, pad_id))
-    return Rollout(prompt_ids, prompt_mask, response, mask, sample_logprobs, ended, entropy)
+    return Rollout(prompt_ids, prompt_mask, response, mask, torch.stack(logps, 1) * mask, is_eos.any(1), entropy)
 
 
 class CachedDecoder:
@@ -221,8 +213,8 @@ class StaticGPT2Decoder:
     embeddings, pre-LN blocks of Conv1D attention and MLP, final LN, tied LM head), but with
     key/value buffers allocated once for prompt + max_new_tokens, attention masks built once, and
     the LM head applied only at the position being sampled: no per-token cache objects, masks or
-    output containers, which dominate sampling for small models. Results equal the model's forward
-    up to float round-off (checked in tests/test_fixed_seed_step.py).
+    output containers (they dominate sampling for small models). Results equal the model's forward
+    up to float round-off.
     """
 
     def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int):

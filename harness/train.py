@@ -238,10 +238,8 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             run.log(_evaluate(trainer, run, 0), step=0)
 
     def checkpoint(step: int) -> None:
-        s = trainer.state_dict()  # collective under ZeRO: every rank gathers, rank 0 writes
-        s["step"] = step
-        s["detector"] = json.dumps(detector.state_dict())
-        run.checkpoint(s, step)
+        # trainer.state_dict() is collective under ZeRO: every rank gathers, rank 0 writes
+        run.checkpoint({**trainer.state_dict(), "step": step, "detector": json.dumps(detector.state_dict())}, step)
 
     bar = None
     if log.progress and env.is_main:
@@ -350,12 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         parallel.teardown()
-    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 (RANK from torchrun / deepspeed) prints the summary of the job
-        return 0 if result.status == "FINISHED" else 1
-    summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
-    print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,
-                      "collapsed": result.collapsed, "collapse_step": result.collapse_step, "error": result.error,
-                      "final": summary}, indent=1))
+    if int(os.environ.get("RANK", "0")) == 0:  # rank 0 (RANK from torchrun / deepspeed) prints the summary of the job
+        summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
+        print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,
+                          "collapsed": result.collapsed, "collapse_step": result.collapse_step, "error": result.error,
+                          "final": summary}, indent=1))
     return 0 if result.status == "FINISHED" else 1
 
 
