@@ -8,6 +8,7 @@ import math
 import os
 import socket
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -209,8 +210,6 @@ def _init_deepspeed(backend: str, device_type: str) -> None:
 
             if hasattr(ds_comm, "build_shm_op"):
                 ds_comm.build_shm_op = lambda: None
-    import warnings
-
     import deepspeed
 
     # DeepSpeed calls torch collectives torch 2.13 renamed; one FutureWarning per call otherwise
