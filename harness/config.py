@@ -281,9 +281,7 @@ class TrainConfig:
     """DeepSpeed ZeRO (multi-process)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Loading, hashing, docs
-# --------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ loading, hashing, docs
 def _file_in_the_way(path: Path) -> Path | None:
     """The nearest existing ancestor of `path` (or itself) when it is not a directory: mkdir would fail."""
     for d in (path, *path.parents):
@@ -299,10 +297,8 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
     """Rules that span fields (and the one rule about the file system: output_dir is creatable)."""
     p: list[str] = []
     if cfg.ppo.rollout_batch_size % cfg.ppo.num_minibatches:
-        p.append(
-            f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
-            f"ppo.rollout_batch_size={cfg.ppo.rollout_batch_size}"
-        )
+        p.append(f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
+                 f"ppo.rollout_batch_size={cfg.ppo.rollout_batch_size}")
     G = cfg.generation.samples_per_prompt
     if cfg.ppo.rollout_batch_size % G:
         p.append(f"ppo.rollout_batch_size: got {cfg.ppo.rollout_batch_size}; allowed: a multiple of "

@@ -5,7 +5,7 @@ Indicators are smoothed by an EMA, so one noisy batch neither triggers nor hides
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from . import keys
 from .config import CollapseConfig
@@ -62,11 +62,8 @@ class CollapseDetector:
         return len(fired), None
 
     def state_dict(self) -> dict:
-        return {
-            "ema": dict(self.ema), "best_gold": self.best_gold, "streak": self.streak,
-            "streak_start": self.streak_start,
-            "event": None if self.event is None else {"step": self.event.step, "reason": self.event.reason},
-        }
+        return {"ema": dict(self.ema), "best_gold": self.best_gold, "streak": self.streak,
+                "streak_start": self.streak_start, "event": None if self.event is None else asdict(self.event)}
 
     def load_state_dict(self, s: dict) -> None:
         self.ema = dict(s["ema"])

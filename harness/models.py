@@ -1,10 +1,5 @@
-"""Building the four models of a run: policy, frozen reference, frozen reward model, critic.
-
-Any Hugging Face name or local directory can stand in for each; `world:NAME` resolves inside the
-embedded world's directory. The reward model and critic are a trunk plus a scalar head; we run the
-trunk ourselves and pick the positions, so left-padded prompts and right-padded responses are
-scored at exactly the tokens we mean (no reliance on a pad-token search inside the model).
-"""
+"""Building the four models of a run: policy, frozen reference, frozen reward model, critic (each a
+Hugging Face name, a local directory, or `world:NAME` inside the embedded world's directory)."""
 from __future__ import annotations
 
 import copy
@@ -114,11 +109,9 @@ def base_of(model: nn.Module) -> nn.Module:
 
 
 class ScalarHeadModel(nn.Module):
-    """A trunk and a linear head giving one scalar per position.
-
-    Used both as the reward model (read at the last real token) and as the critic (read at
-    every response position).
-    """
+    """A trunk and a linear head giving one scalar per position: the reward model (read at the last
+    real token) and the critic (read at every response position). We run the trunk and pick the
+    positions ourselves, so padded rows are scored at exactly the tokens we mean (no pad-token search)."""
 
     def __init__(self, trunk: nn.Module, head: nn.Linear):
         super().__init__()
@@ -193,8 +186,3 @@ class Models:
             torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only
             src = resolve_path(cfg.model.critic_path, cfg, "model.critic_path") if cfg.model.critic_path else None
             self.critic = build_critic(cfg, src or sft, src or reward, dtype).to(device).eval()
-        if self.policy.config.vocab_size < len(self.tokenizer):
-            raise ModelPathError(
-                f"model.tokenizer_path: tokenizer has {len(self.tokenizer)} tokens but the policy's vocab is "
-                f"{self.policy.config.vocab_size}; they must come from the same world/model"
-            )

@@ -1,10 +1,6 @@
-"""Processes and engines: what one training run needs to span several ranks (or just one).
-
-`DistEnv` (collectives are no-ops at world size 1); `setup` / `teardown` (validate the `distributed`
-section against hardware and launch, then join the process group); `Engine` (policy or critic with
-its AdamW, plain torch or DeepSpeed ZeRO, with the single-process checkpoint format on both sides);
-`agree_stop` (rank 0's stop decision, the same on every rank).
-"""
+"""Processes and engines: what one training run needs to span several ranks (or just one):
+the `distributed` section checked against hardware and launch, the process group, and `Engine`
+(plain torch or DeepSpeed ZeRO, with the single-process checkpoint format on both sides)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +8,7 @@ import math
 import os
 import socket
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -112,11 +109,8 @@ def cpu_supports_bf16() -> bool:
         text = Path("/proc/cpuinfo").read_text()
     except Exception:
         return False
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    flag_lines = [line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith(("flags", "Features"))]
+    return any({"avx512_bf16", "amx_bf16", "bf16"} & set(flags) for flags in flag_lines)
 
 
 def deepspeed_import_error() -> str | None:
@@ -130,17 +124,13 @@ def deepspeed_import_error() -> str | None:
 
 def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int | None = None) -> list[str]:
     """Problems with the `distributed` section (and bf16 autocast) on this hardware and launch, and
-    the rules that need the advantage estimators' registry (kept out of torch-free `harness.config`).
-
-    Each names the field, the value and what is allowed, like `harness.config` does.
-    """
+    the rules that need the advantage estimators' registry (kept out of torch-free `harness.config`)."""
     d, p = cfg.distributed, cfg.ppo
     dev = device_type or _resolve_device_type(cfg)
     world = world_size if world_size is not None else (launched_world_size() or 1)
-    out: list[str] = []
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        out.append("device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto")
-        return out
+        return ["device: got 'cuda' but no CUDA device is visible; allowed here: cpu or auto"]
+    out: list[str] = []
     on = "a CPU" if dev == "cpu" else f"GPU {torch.cuda.get_device_name(0)!r}" if torch.cuda.is_available() else "this GPU"
 
     if not d.deepspeed:
@@ -188,15 +178,13 @@ def validate(cfg: TrainConfig, device_type: str | None = None, world_size: int |
     mb = p.rollout_batch_size // p.num_minibatches
     gas = d.gradient_accumulation
     if mb % world:
-        out.append(
-            f"ppo.rollout_batch_size: got {p.rollout_batch_size} with ppo.num_minibatches={p.num_minibatches} on {world} ranks; "
-            f"allowed: a multiple of num_minibatches x ranks = {p.num_minibatches * world} (every rank takes an equal share of each minibatch)"
-        )
+        out.append(f"ppo.rollout_batch_size: got {p.rollout_batch_size} with ppo.num_minibatches={p.num_minibatches} "
+                   f"on {world} ranks; allowed: a multiple of num_minibatches x ranks = {p.num_minibatches * world} "
+                   "(every rank takes an equal share of each minibatch)")
     elif (mb // world) % gas:
-        out.append(
-            f"distributed.gradient_accumulation: got {gas}; allowed: a divisor of the {mb // world} rows each rank takes per minibatch "
-            f"(ppo.rollout_batch_size / ppo.num_minibatches / ranks = {p.rollout_batch_size}/{p.num_minibatches}/{world})"
-        )
+        out.append(f"distributed.gradient_accumulation: got {gas}; allowed: a divisor of the {mb // world} rows each "
+                   f"rank takes per minibatch (ppo.rollout_batch_size / ppo.num_minibatches / ranks = "
+                   f"{p.rollout_batch_size}/{p.num_minibatches}/{world})")
     if p.ptx_coef > 0 and p.ptx_batch_size % (world * gas):
         out.append(f"ppo.ptx_batch_size: got {p.ptx_batch_size}; allowed: a multiple of ranks x distributed.gradient_accumulation = {world * gas}")
     if dev == "cuda" and launched_world_size() is not None and torch.cuda.is_available():
@@ -218,13 +206,10 @@ def _init_deepspeed(backend: str, device_type: str) -> None:
         if os.environ.get("HARNESS_DS_SHM_COMM") != "1":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes on a small
             # machine) that only speeds up CPU-to-CPU collectives; gloo does the same job.
-            import importlib
+            import deepspeed.comm.torch as ds_comm
 
-            mod = importlib.import_module("deepspeed.comm.torch")
-            if hasattr(mod, "build_shm_op"):
-                mod.build_shm_op = lambda: None
-    import warnings
-
+            if hasattr(ds_comm, "build_shm_op"):
+                ds_comm.build_shm_op = lambda: None
     import deepspeed
 
     # DeepSpeed calls torch collectives torch 2.13 renamed; one FutureWarning per call otherwise
@@ -322,8 +307,9 @@ class Engine:
                  env: DistEnv, device: torch.device):
         self.module, self.cfg, self.env = module, cfg, env
         # fused AdamW: one kernel per parameter instead of ~10 elementwise ops (same update, ~3x cheaper on CPU)
-        self.opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=cfg.ppo.weight_decay,
-                                     fused=device.type in ("cpu", "cuda"))
+        # `optimizer` is what checkpoints hold: DeepSpeed's wrapper of `opt` under DeepSpeed, else `opt` itself
+        self.opt = self.optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=cfg.ppo.weight_decay,
+                                                      fused=device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
         d = cfg.distributed
         self.stage = d.zero_stage if d.deepspeed else 0
@@ -334,7 +320,7 @@ class Engine:
         if d.deepspeed:
             import deepspeed
 
-            self.engine, self.ds_opt, _, _ = deepspeed.initialize(
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
                 model=module, optimizer=self.opt, lr_scheduler=self.sched,
                 config=ds_config(cfg, env.world_size, train=True, on_gpu=device.type == "cuda"),
             )
@@ -420,8 +406,7 @@ class Engine:
         Collective under ZeRO (call on every rank); ranks other than 0 may drop the result.
         """
         if not self.stage:
-            opt = self.ds_opt if self.engine is not None else self.opt
-            return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}, _cpu(opt.state_dict())
+            return _cpu(self.module.state_dict()), _cpu(self.optimizer.state_dict())
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
         def full(q: torch.Tensor, key: str | None = None) -> torch.Tensor:
@@ -433,7 +418,7 @@ class Engine:
         params = list(self.module.parameters())
         by_id = {id(q): full(q) for q in params}
         weights = {k: by_id.get(id(t), t.detach().cpu()) for k, t in self.module.state_dict(keep_vars=True).items()}
-        inner = self.ds_opt.optimizer  # AdamW over ZeRO's flat fp32 partitions
+        inner = self.optimizer.optimizer  # AdamW over ZeRO's flat fp32 partitions
         step = next((st["step"] for st in inner.state.values() if "step" in st), None)
         state = {} if step is None else {
             i: {"step": torch.as_tensor(step, dtype=torch.float32).cpu().clone(),
@@ -448,7 +433,7 @@ class Engine:
         if not self.stage:
             self.module.load_state_dict(weights)
             if opt_state is not None:
-                (self.ds_opt if self.engine is not None else self.opt).load_state_dict(opt_state)
+                self.optimizer.load_state_dict(opt_state)
             return
         import deepspeed
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
@@ -478,7 +463,7 @@ class Engine:
                 step = ent["step"]
                 for k in ("exp_avg", "exp_avg_sq"):
                     safe_set_full_optimizer_state(q, ent[k].to(_ds_device()).float(), k)
-        inner = self.ds_opt.optimizer
+        inner = self.optimizer.optimizer
         for st in inner.state.values():
             if step is not None:
                 st["step"] = torch.as_tensor(step, dtype=torch.float32).clone().to(st["step"].device)
@@ -490,7 +475,7 @@ class Engine:
         that state only then: take one real step of zero gradients at learning rate 0, which moves
         no weight and leaves zero moments (then overwritten; the schedule and learning rate are
         restored from the checkpoint afterwards)."""
-        for g in self.ds_opt.optimizer.param_groups:
+        for g in self.optimizer.optimizer.param_groups:
             g["lr"] = 0.0
         ids = torch.zeros(1, 2, dtype=torch.long, device=_ds_device())
         ones = torch.ones_like(ids)

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import GELUTanh, NewGELUActivation
 
 from .algorithms.losses import entropy_from_logits
 
@@ -88,9 +89,8 @@ def left_pad(token_lists: list[list[int]], pad_id: int, device: torch.device, wi
     ids = torch.full((len(token_lists), P), pad_id, dtype=torch.long)
     mask = torch.zeros((len(token_lists), P), dtype=torch.long)
     for i, t in enumerate(token_lists):
-        if t:
-            ids[i, P - len(t):] = torch.tensor(t)
-            mask[i, P - len(t):] = 1
+        ids[i, P - len(t):] = torch.tensor(t, dtype=torch.long)
+        mask[i, P - len(t):] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -138,9 +138,7 @@ def sample(
     """Autoregressive sampling with a KV cache, one token per row per forward, each row's noise
     from its key (`row_keys` [B], see the module doc).
 
-    GPT-2 models run through `StaticGPT2Decoder` (the same weights and formulas, preallocated
-    key/value buffers, no per-token cache or mask objects); other models (or `fast=False`)
-    through `CachedDecoder`, their own forward with the model's KV cache.
+    GPT-2 models run through `StaticGPT2Decoder`, other models (or `fast=False`) through `CachedDecoder`.
     `with_entropy` also returns the policy entropy at each step (as `entropy_from_logits` of the
     temperature-scaled logits), so the teacher-forced policy pass can be skipped when the old
     log-probs come from sampling. `greedy` takes the argmax instead of drawing (ReMax's baseline
@@ -155,9 +153,8 @@ def sample(
     else:
         dec = CachedDecoder(model, prompt_mask)
     logits = dec.prefill(prompt_ids, pos)
-    next_pos = pos[:, -1] + 1
+    first_pos = pos[:, -1] + 1  # of the first response token
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    pad_col = torch.full((B,), pad_id, dtype=torch.long, device=device)
     tokens, logps, ents = [], [], []
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
@@ -167,7 +164,7 @@ def sample(
         else:
             tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
         if stop_at_eos:
-            tok = torch.where(finished, pad_col, tok)
+            tok = torch.where(finished, pad_id, tok)
         tokens.append(tok)
         logps.append(logp_all.gather(1, tok[:, None]).squeeze(1))
         if with_entropy:
@@ -176,20 +173,16 @@ def sample(
             finished = finished | (tok == eos_id)
             if all_finished(bool(finished.all())):
                 break
-        if t == max_new_tokens - 1:
-            break
-        logits = dec.step(tok, next_pos)
-        next_pos = next_pos + 1
+        if t < max_new_tokens - 1:
+            logits = dec.step(tok, first_pos + t)
     response = torch.stack(tokens, 1)
     is_eos = (response == eos_id) if stop_at_eos else torch.zeros_like(response, dtype=torch.bool)
     # a token is in the response if no EOS came strictly before it
     eos_before = (is_eos.long().cumsum(1) - is_eos.long()) > 0
     mask = (~eos_before).long()
-    ended = is_eos.any(1)
-    sample_logprobs = torch.stack(logps, 1) * mask
     entropy = torch.stack(ents, 1) * mask if with_entropy else None
     response = torch.where(mask.bool(), response, torch.full_like(response, pad_id))
-    return Rollout(prompt_ids, prompt_mask, response, mask, sample_logprobs, ended, entropy)
+    return Rollout(prompt_ids, prompt_mask, response, mask, torch.stack(logps, 1) * mask, is_eos.any(1), entropy)
 
 
 class CachedDecoder:
@@ -220,8 +213,8 @@ class StaticGPT2Decoder:
     embeddings, pre-LN blocks of Conv1D attention and MLP, final LN, tied LM head), but with
     key/value buffers allocated once for prompt + max_new_tokens, attention masks built once, and
     the LM head applied only at the position being sampled: no per-token cache objects, masks or
-    output containers, which dominate sampling for small models. Results equal the model's forward
-    up to float round-off (checked in tests/test_fixed_seed_step.py).
+    output containers (they dominate sampling for small models). Results equal the model's forward
+    up to float round-off.
     """
 
     def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int):
@@ -250,7 +243,7 @@ class StaticGPT2Decoder:
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Run new tokens ids [B, T] at positions pos [B, T] through the blocks; returns the last
-        position's final hidden state [B, E]. mask: [B, 1, T, t+T] bool (True = attend)."""
+        position's logits [B, V]. mask: [B, 1, T, t+T] bool (True = attend)."""
         tr, E, H, D = self.tr, self.E, self.H, self.D
         B, T = ids.shape
         t0, t1 = self.t, self.t + T
@@ -266,19 +259,16 @@ class StaticGPT2Decoder:
             x = x + a.c_proj(o.transpose(1, 2).reshape(B, T, E))
             x = x + blk.mlp.c_proj(blk.mlp.act(blk.mlp.c_fc(blk.ln_2(x))))
         self.t = t1
-        return tr.ln_f(x[:, -1])
+        return self.model.lm_head(tr.ln_f(x[:, -1]))
 
     def prefill(self, prompt_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         P = self.P
         causal = torch.ones(P, P, dtype=torch.bool, device=prompt_ids.device).tril()
         mask = (causal[None] & self.key_ok[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=prompt_ids.device)[None]
-        h = self._forward(prompt_ids, pos, mask[:, None])
-        return self.model.lm_head(h)
+        return self._forward(prompt_ids, pos, mask[:, None])
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        mask = self.key_ok[:, None, None, : self.t + 1]
-        h = self._forward(tok[:, None], pos[:, None], mask)
-        return self.model.lm_head(h)
+        return self._forward(tok[:, None], pos[:, None], self.key_ok[:, None, None, : self.t + 1])
 
 
 def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
@@ -287,40 +277,26 @@ def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
     return {"logits_to_keep": n} if "logits_to_keep" in _forward_args(type(getattr(model, "module", model))) else {}
 
 
-def response_logits(model: torch.nn.Module, seq: torch.Tensor, attn: torch.Tensor, P: int, temperature: float) -> torch.Tensor:
-    """Logits that predict each response token: positions P-1 .. end-1, divided by temperature.
-
-    The LM head runs only on those positions (and the last one, dropped) where the model takes
-    `logits_to_keep`; the prompt positions' logits are never needed.
-    """
+def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the response `tokens` and (unless with_entropy=False: None) the full-vocab entropy
+    per position, from the logits at positions P-1 .. end-1 divided by temperature. The LM head runs
+    only on those (and the last one, dropped) where the model takes `logits_to_keep`."""
     R = seq.shape[1] - P
     out = model(input_ids=seq, attention_mask=attn, position_ids=position_ids(attn), use_cache=False, **_keep_last(model, R + 1))
-    return out.logits[:, -(R + 1) : -1, :].float() / temperature
-
-
-def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of `tokens` and (unless with_entropy=False: None) the full-vocab entropy per position."""
-    logits = response_logits(model, seq, attn, P, temperature)
+    logits = out.logits[:, -(R + 1) : -1, :].float() / temperature
     logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
     return logprobs, (entropy_from_logits(logits) if with_entropy else None)
 
 
-def fuse_activations(model: torch.nn.Module) -> int:
+def fuse_activations(model: torch.nn.Module) -> None:
     """Swap transformers' `NewGELUActivation` (GPT-2's gelu_new: five elementwise ops forward and
     more backward) for the fused `F.gelu(approximate="tanh")` kernel: the same function, computed
     in one pass (transformers ships it as `GELUTanh`; it differs by float round-off only).
-    Returns how many modules were swapped; parameters and state dicts are untouched."""
-    try:
-        from transformers.activations import GELUTanh, NewGELUActivation
-    except ImportError:  # older transformers
-        return 0
-    n = 0
+    Parameters and state dicts are untouched."""
     for mod in model.modules():
         for name, child in list(mod.named_children()):
             if type(child) is NewGELUActivation:
                 setattr(mod, name, GELUTanh())
-                n += 1
-    return n
 
 
 def critic_values(critic, seq: torch.Tensor, attn: torch.Tensor, P: int) -> torch.Tensor:

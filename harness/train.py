@@ -1,9 +1,5 @@
-"""One training run: `python -m harness.train CONFIG.yaml [--set key=value ...] [--resume]`.
-
-Owns the run's life: validate the config, open (or reopen) the MLflow run, build the models,
-train step by step with one metric batch per step, samples / eval / checkpoints on schedule,
-the collapse rule, and a clean FAILED status with the reason when anything goes wrong.
-"""
+"""One training run: `python -m harness.train CONFIG.yaml [--set key=value ...] [--resume]`, from
+config checks to the MLflow run's end (FAILED with the reason when anything goes wrong)."""
 from __future__ import annotations
 
 import argparse
@@ -241,10 +237,8 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             run.log(_evaluate(trainer, run, 0), step=0)
 
     def checkpoint(step: int) -> None:
-        s = trainer.state_dict()  # collective under ZeRO: every rank gathers, rank 0 writes
-        s["step"] = step
-        s["detector"] = json.dumps(detector.state_dict())
-        run.checkpoint(s, step)
+        # trainer.state_dict() is collective under ZeRO: every rank gathers, rank 0 writes
+        run.checkpoint({**trainer.state_dict(), "step": step, "detector": json.dumps(detector.state_dict())}, step)
 
     bar = None
     if log.progress and env.is_main:
@@ -283,11 +277,10 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             stop_cb = parallel.agree_stop(env, stop_cb, run_dir)  # rank 0 decides (or a STOP file); all ranks follow
             if log.checkpoint_every and step % log.checkpoint_every == 0 and step < cfg.ppo.steps:
                 checkpoint(step)
-            if stop_cb:
-                run.tags({keys.TAG_STOPPED: "callback"})
-                break
-            if event is not None and cfg.collapse.stop_on_collapse:
-                run.tags({keys.TAG_STOPPED: "collapse"})
+            collapse_stop = event is not None and cfg.collapse.stop_on_collapse
+            stopped_by = "callback" if stop_cb else "collapse" if collapse_stop else None
+            if stopped_by:
+                run.tags({keys.TAG_STOPPED: stopped_by})
                 break
     finally:
         if bar is not None:
@@ -352,12 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         parallel.teardown()
-    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 (RANK from torchrun / deepspeed) prints the summary of the job
-        return 0 if result.status == "FINISHED" else 1
-    summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
-    print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,
-                      "collapsed": result.collapsed, "collapse_step": result.collapse_step, "error": result.error,
-                      "final": summary}, indent=1))
+    if int(os.environ.get("RANK", "0")) == 0:  # rank 0 (RANK from torchrun / deepspeed) prints the summary of the job
+        summary = {k: round(v, 4) for k, v in result.final_metrics.items() if k.startswith(("objective/", "response/"))}
+        print(json.dumps({"run_id": result.run_id, "status": result.status, "steps": result.steps_done,
+                          "collapsed": result.collapsed, "collapse_step": result.collapse_step, "error": result.error,
+                          "final": summary}, indent=1))
     return 0 if result.status == "FINISHED" else 1
 
 

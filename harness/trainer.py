@@ -1,12 +1,9 @@
 """The PPO step, top to bottom: rollout -> scores -> per-token rewards -> advantages -> PPO epochs.
 
-Every trick is a flag in `harness.config` and every formula a pure function in `harness.algorithms`;
-this module only orchestrates. One trainer runs 1 rank or W (`parallel.DistEnv`), computing what one
-rank computes on the same global batch up to float rounding: every rank draws the same prompts and
-samples its slice with keyed sampling; the scored shards are all-gathered once and rewards,
-advantages and rollout metrics computed redundantly; each rank back-propagates its share of a
-global minibatch's loss numerator over the global denominator; `state_dict()` gathers the
-single-process checkpoint format.
+Formulas live in `harness.algorithms`; this module only orchestrates. On W ranks it computes what one
+rank does with the same global batch, up to float rounding: each rank samples its slice (keyed
+sampling), the scored shards are all-gathered once (rewards and advantages computed redundantly),
+and each rank back-propagates its share of a global minibatch's loss numerator over the global denominator.
 """
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from .algorithms import (
     POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
     masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
-from .algorithms.estimators import NEEDS_CRITIC, NEEDS_GREEDY, aggregate, estimate
+from .algorithms.estimators import NEEDS_GREEDY, aggregate, estimate
 from .config import TrainConfig
 from .data import PromptSource
 from .models import Models
@@ -117,20 +114,16 @@ class PPOTrainer:
         # prompt + response must fit the context: prompts give way (they keep their last tokens)
         self.max_prompt_tokens = min(cfg.data.max_prompt_tokens, self.max_positions - cfg.generation.max_new_tokens)
         if self.max_prompt_tokens < 1:
-            raise ValueError(
-                f"generation.max_new_tokens: got {cfg.generation.max_new_tokens}; allowed: less than the policy's "
-                f"context of {self.max_positions} tokens, leaving room for the prompt"
-            )
+            raise ValueError(f"generation.max_new_tokens: got {cfg.generation.max_new_tokens}; allowed: less than the "
+                             f"policy's context of {self.max_positions} tokens, leaving room for the prompt")
         for model in (models.policy, models.reference, models.reward, models.critic):
             if model is not None:
                 fuse_activations(model)  # GPT-2's gelu_new as one fused kernel: same function, ~3x cheaper
         p, d = cfg.ppo, cfg.distributed
         schedule = lr_lambda(cfg, max(1, p.steps * p.ppo_epochs * p.num_minibatches))
         self.policy = Engine(models.policy, p.policy_lr, schedule, cfg, env, device)
-        # critic-free estimators: no critic forward, update, pretraining or val/ metrics
-        self.critic = None
-        if p.adv_estimator in NEEDS_CRITIC:
-            self.critic = Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
+        # critic-free estimators (`Models` built no critic): no critic forward, update, pretraining or val/ metrics
+        self.critic = None if models.critic is None else Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
         self.reference = frozen(models.reference, cfg, env, device)
         self.reward = frozen(models.reward, cfg, env, device)
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
@@ -142,9 +135,8 @@ class PPOTrainer:
         self.prompt_tokens = [self._encode_prompt(t) for t in source.train_prompts]
         self.eval_tokens = [self._encode_prompt(t) for t in source.eval_prompts]
         self.sft_eval: dict | None = None  # SFT responses on eval prompts, made once
-        self.autocast = (
-            torch.autocast(device.type, dtype=torch.bfloat16) if cfg.model.autocast == "bf16" else contextlib.nullcontext()
-        )
+        bf16 = cfg.model.autocast == "bf16"
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ data
     def _encode_prompt(self, text: str) -> list[int]:
@@ -257,9 +249,7 @@ class PPOTrainer:
             p.adv_estimator, rewards=rewards, values=values, mask=mask, gamma=p.gamma, lam=p.gae_lambda,
             group=torch.arange(B, device=mask.device) // G, baseline=baseline,
         )
-        timers[keys.TIME_ROLLOUT] = t1 - t0
-        timers[keys.TIME_SCORE] = t2 - t1
-        timers[keys.TIME_ADVANTAGE] = time.perf_counter() - t2
+        timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
                      non_score, kl, advantages, returns, prompts, responses, first or None)
 

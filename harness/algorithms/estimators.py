@@ -143,9 +143,7 @@ def remax(*, rewards: torch.Tensor, mask: torch.Tensor, baseline: torch.Tensor):
     return (returns - baseline[:, None]) * mask, returns
 
 
-ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
-    name: tuple(inspect.signature(fn).parameters) for name, fn in ADV_ESTIMATORS.items()
-}
+ESTIMATOR_INPUTS = {name: tuple(inspect.signature(fn).parameters) for name, fn in ADV_ESTIMATORS.items()}
 NEEDS_CRITIC = frozenset(n for n, args in ESTIMATOR_INPUTS.items() if "values" in args)
 NEEDS_GROUPS = frozenset(n for n, args in ESTIMATOR_INPUTS.items() if "group" in args)
 NEEDS_GREEDY = frozenset(n for n, args in ESTIMATOR_INPUTS.items() if "baseline" in args)
@@ -159,9 +157,7 @@ def estimate(name: str, **inputs: torch.Tensor | float) -> tuple[torch.Tensor, t
     return ADV_ESTIMATORS[name](**{k: inputs[k] for k in ESTIMATOR_INPUTS[name] if k in inputs})
 
 
-# --------------------------------------------------------------------------------------------
-# Loss aggregation (the length bias)
-# --------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ loss aggregation (the length bias)
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 
 

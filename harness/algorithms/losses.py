@@ -6,8 +6,6 @@ logging: `clipped` (1 where the clip or weight cap bit), `ratio`, `log_ratio`.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from .stats import masked_mean
@@ -16,14 +14,8 @@ Stats = dict[str, torch.Tensor]
 
 
 def ppo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_eps: float | None,
-    importance_sampling: str = "rollout",
-    ref_logprobs: torch.Tensor | None = None,
-    **_: object,
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *, clip_eps: float | None,
+    importance_sampling: str = "rollout", ref_logprobs: torch.Tensor | None = None, **_: object,
 ) -> tuple[torch.Tensor, Stats]:
     """Clipped surrogate -min(ratio*A, clip(ratio, 1-eps, 1+eps)*A) with the ratio chosen by
     `importance_sampling` (paper-notes section 2, trick 2):
@@ -80,22 +72,13 @@ def awr_loss(
     return loss_tok, _rollout_ratio(logprobs, old_logprobs, clipped)
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Stats]]] = {
-    "ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss,
-}
+POLICY_LOSSES = {"ppo": ppo_loss, "apa": apa_loss, "awr": awr_loss}
 
 
 def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float | None,
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """0.5*max((V-R)^2, (clip(V, V_old-d, V_old+d)-R)^2), or 0.5*(V-R)^2 when clip is None.
-
-    Returns (loss, clip fraction).
-    """
+    """(loss, clip fraction): 0.5*max((V-R)^2, (clip(V, V_old-d, V_old+d)-R)^2), or 0.5*(V-R)^2 when clip is None."""
     unclipped = (values - returns) ** 2
     if clip is None:
         return 0.5 * masked_mean(unclipped, mask), torch.zeros(())

@@ -9,12 +9,7 @@ EPS = 1e-8
 
 
 def process_scores(
-    scores: torch.Tensor,
-    stats: RunningMeanStd,
-    *,
-    scale: bool,
-    normalize: bool,
-    clip: float | None,
+    scores: torch.Tensor, stats: RunningMeanStd, *, scale: bool, normalize: bool, clip: float | None,
     update_stats: bool = True,
 ) -> torch.Tensor:
     """Reward scaling / normalization / clipping of raw RM scores (one per sample).
@@ -49,15 +44,10 @@ def kl_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
 
 
 def token_rewards(
-    scores: torch.Tensor,
-    kl: torch.Tensor,
-    mask: torch.Tensor,
-    kl_coef: float,
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """r_t = -kl_coef * kl_t at every response token, plus the processed score at the last one.
-
-    Returns (rewards [B, T], non_score_rewards [B, T]); masked-out positions are 0.
-    """
+    Returns (rewards [B, T], non_score_rewards [B, T]); masked-out positions are 0."""
     non_score = -kl_coef * kl * mask
     rewards = non_score.clone()
     last = (mask.sum(1).long() - 1).clamp(min=0)

@@ -6,11 +6,9 @@ import math
 import torch
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean over positions where mask is 1 (all tokens of the batch when dim is None)."""
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over all positions where mask is 1."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
