@@ -22,7 +22,6 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 def bench_config(models: Path, steps: int, workdir: Path, overrides: list[str]):
     from bench.common import BATCH, MINIBATCHES, PPO_EPOCHS, RESPONSE_LEN, THREADS
-    from harness.config import load_config
 
     base = {
         "seed": 0, "device": "cpu", "threads": THREADS,
