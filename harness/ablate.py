@@ -6,10 +6,8 @@
     python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8
     python -m harness.ablate --list                                   # the whole registry
 
-Rerunning resumes from the MLflow store alone (finished runs skipped, killed ones continued from
-their checkpoint, failed ones started over) under the grid's one parent run; a lock per grid keeps
-a second runner off it. Runs execute through harness.launch. Resume, layout and executors in
-detail: docs/CONTRACTS.md, "The ablation runner".
+Rerunning resumes from the MLflow store alone, under the grid's one parent run; a lock per grid
+keeps a second runner off it. Resume, layout and executors: docs/CONTRACTS.md, "The ablation runner".
 """
 from __future__ import annotations
 
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
+from tqdm.auto import tqdm
 
 from . import keys as K
 from . import summary as S
@@ -280,16 +279,14 @@ class Progress:
     finished here x runs left."""
 
     def __init__(self, reg: Registry, done: int, bars: bool):
-        from tqdm.auto import tqdm
-
-        self.tqdm, self.name, self.on = tqdm, reg.name, bars
+        self.name, self.on = reg.name, bars
         self.total, self.done, self.t0, self.finished_here = len(reg.runs), done, time.time(), 0
         self.grid = tqdm(total=self.total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True,
                          disable=not bars)
         self.steps = {(r.variant, str(r.seed)): r.cfg.ppo.steps for r in reg.runs if reg.kind == "train"}
 
     def write(self, line: str) -> None:
-        self.tqdm.write(line, file=sys.stdout)
+        tqdm.write(line, file=sys.stdout)
         sys.stdout.flush()
 
     def finish(self, out: Outcome) -> None:
@@ -318,11 +315,10 @@ def collect(f: Future, t: Task, outcomes: dict[int, Outcome]) -> Outcome:
     """Record the run's Outcome, or FAILED with why when its worker process or job died under it."""
     try:
         outcomes[t.index] = f.result()
-    except BrokenProcessPool:
-        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
+    except Exception as e:  # noqa: BLE001 - a dead worker process, or submitit's FailedJobError: a job that died
+        why = (f"{type(e).__name__}: {e}" if not isinstance(e, BrokenProcessPool)
+               else "worker process died (killed, often for memory, or crashed); rerun to resume it")
         outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
-    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
-        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=f"{type(e).__name__}: {e}", note=t.note)
     return outcomes[t.index]
 
 

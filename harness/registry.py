@@ -1,11 +1,8 @@
 """The ablation registry: one YAML per paper figure under `ablations/`, read by one loader (the
 file's format, and the order in which its settings apply: docs/CONTRACTS.md).
 
-    reg = load_registry("ablations/score_reparam.yaml")  # one RunSpec per variant x seed, validated
+    reg = load_registry("ablations/score_reparam.yaml")  # one validated RunSpec per variant x seed
     spec = load_registry(path, resolve=False)             # figures/reports: no train config built
-
-The file's shape goes through harness.schema; with `resolve=True` (the runner) every variant x
-seed config is validated too (harness.config, or the world's validator for `kind: world`).
 """
 from __future__ import annotations
 
@@ -518,7 +515,7 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
                   only: list[str] | None, problems: list[str]) -> None:
     """Fill reg.runs (one validated config per variant x seed), reg.common and reg.warnings."""
     where, scale = f"{reg.path}: ", reg.scale
-    cls, validator, hasher = config_kind(fs.kind)
+    _, validator, hasher = config_kind(fs.kind)
     profile = fs.profiles.get(scale, Profile())
     if scale != DEFAULT_SCALE and scale not in fs.profiles:
         problems.append(f"{where}--scale {scale}: this file has no profiles.{scale}; available scales: "
@@ -529,14 +526,11 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     overlay_data = _resolve_file(profile.overlay, reg.path, f"{where}profiles.{scale}.overlay", problems)
     profile_set = flat_settings(profile.set, leaves, f"{where}profiles.{scale}.set", problems)
     cli_set = flat_settings(merge({}, overrides), leaves, "--set", problems)
-    has_seed = "seed" in leaves
     if not seeds_given and profile.seeds:
         reg.seeds = list(profile.seeds)
     if len(set(reg.seeds)) < len(reg.seeds):
         reg.warnings.append(f"seeds {reg.seeds}: a seed listed more than once runs once")
         reg.seeds = list(dict.fromkeys(reg.seeds))
-    if not has_seed and len(reg.seeds) > 1:
-        problems.append(f"{where}seeds: {cls.__name__} has no seed field, so give one seed")
     names = reg.variant_names
     variant_sets = {}
     for vname, vset in profile.variant_set.items():
@@ -573,7 +567,7 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     for v in reg.variants:
         for seed in reg.seeds:
             layers = [overlay_data, reg.shared, profile_set, v.settings, variant_sets.get(v.name, {}), cli_set]
-            cfg = resolved(layers + ([{"seed": seed}] if has_seed else []), f"variant {v.name!r} seed {seed}")
+            cfg = resolved([*layers, {"seed": seed}], f"variant {v.name!r} seed {seed}")
             if cfg is not None:
                 flat = flatten(to_dict(cfg))
                 changed = {k: x for k, x in flat.items() if common_flat.get(k, object()) != x and k != "seed"}
