@@ -527,12 +527,17 @@ def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
     ex.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job (default: --threads)")
 
 
-def load_grid(args: argparse.Namespace, name: str) -> Registry:
-    """The registry `name` (a path or a name under ablations/) with the options of add_grid_args;
-    raises ConfigError or UnknownAblation."""
-    return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale, seeds=parse_seeds(args.seeds) if args.seeds else None,
-                         overrides=parse_overrides([x for group in args.overrides for x in group]),
-                         only=args.variants or None)
+def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
+    """The registry `name` (a path or a name under ablations/) with the options of add_grid_args; or
+    exit code 2, the problems printed, when it is unknown or invalid."""
+    try:
+        return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale,
+                             seeds=parse_seeds(args.seeds) if args.seeds else None,
+                             overrides=parse_overrides([x for group in args.overrides for x in group]),
+                             only=args.variants or None)
+    except (ConfigError, UnknownAblation) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
@@ -646,11 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give a registry file (e.g. ablations/score_reparam.yaml) or --list")
     if args.workers < 0:
         ap.error("--workers must be 0 (in this process) or more")
-    try:
-        reg = load_grid(args, args.file)
-    except (ConfigError, UnknownAblation) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    reg = load_grid(args, args.file)
+    if isinstance(reg, int):
+        return reg
     if args.dry_run:
         print_dry_run(reg, args.tracking_uri or default_tracking_uri(reg), Path(args.runs_dir))
         problems = preflight(reg)

@@ -7,6 +7,7 @@ file's format, and the order in which its settings apply: docs/CONTRACTS.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 import unicodedata
@@ -550,11 +551,8 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
                      for k, x in cli_set.items() if k in varied]
 
     def resolved(layers: list[dict[str, Any]], label: str) -> Any:
-        data = base_data
-        for layer in layers:
-            data = merge(data, layer)
         try:
-            return validator(data)
+            return validator(functools.reduce(merge, layers, base_data))
         except ConfigError as e:
             problems.extend(f"{where}{label}: {p}" for p in e.problems)
             return None

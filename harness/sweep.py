@@ -370,9 +370,8 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
 
 def default_storage_url(tracking_uri: str) -> str:
     """optuna.db next to the MLflow sqlite file; sqlite:///optuna.db for other tracking URIs."""
-    if tracking_uri.startswith("sqlite:///"):
-        return "sqlite:///" + str(Path(tracking_uri.removeprefix("sqlite:///")).parent / "optuna.db")
-    return "sqlite:///optuna.db"
+    beside = Path(tracking_uri.removeprefix("sqlite:///")).parent if tracking_uri.startswith("sqlite:///") else Path()
+    return f"sqlite:///{beside / 'optuna.db'}"
 
 
 def _sqlite_file(url: str) -> Path | None:
