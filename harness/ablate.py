@@ -91,7 +91,6 @@ class GridBusy(RuntimeError):
     """Another runner holds this grid's lock."""
 
 
-# -- Planning: what each run needs, from the MLflow store alone ------------------------------------
 @dataclass
 class Task:
     """A run handed to an executor (plain data: it crosses a process boundary)."""
@@ -192,7 +191,6 @@ def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_di
     return tasks, done
 
 
-# -- Executing one run (in a worker process, a cluster job, or this process) -----------------------
 def execute(task: Task) -> Outcome:
     """Run one task to the end; never raises except KeyboardInterrupt."""
     t0 = time.time()
@@ -249,7 +247,6 @@ def _build_world(task: Task) -> Outcome:
     return Outcome(task.variant, task.seed, status, runs[-1].info.run_id if runs else None, error=error)
 
 
-# -- The runner ------------------------------------------------------------------------------------
 @dataclass
 class AblationResult:
     registry: Registry
@@ -273,10 +270,9 @@ class AblationResult:
 
 
 class Progress:
-    """One line per finished run. On a terminal also a tqdm bar of the grid whose postfix shows each
-    train run in flight (step, RM score, KL and length, read from the store every POLL_S, whichever
-    executor runs it); elsewhere each line ends with the elapsed time and an ETA: elapsed / runs
-    finished here x runs left."""
+    """One line per finished run. On a terminal also a tqdm bar of the grid, its postfix the train runs
+    in flight (step, RM score, KL, length: read from the store every POLL_S, whichever executor runs
+    them); elsewhere each line ends with the elapsed time and an ETA (elapsed / runs done here x runs left)."""
 
     def __init__(self, reg: Registry, done: int, bars: bool):
         self.name, self.on = reg.name, bars
@@ -446,7 +442,6 @@ def run_ablation(
     return result
 
 
-# -- Summary: the report's final/peak table (harness.summary), from the store ----------------------
 def summarize(result: AblationResult) -> tuple[Any, Any]:
     """Per run, each column of S.TRAIN_TABLE / S.WORLD_TABLE (one value per logged step, the last
     if a step was logged twice); per variant, mean ± sd over seeds, as the report's table."""
@@ -499,7 +494,6 @@ def print_summary(result: AblationResult) -> None:
         print(f"\nall {len(result.outcomes)} runs finished.")
 
 
-# -- CLI -------------------------------------------------------------------------------------------
 def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
     """The options that pick and run a grid, shared with the main job (harness.main)."""
     ap.add_argument("--workers", type=int, default=workers, metavar="N",

@@ -55,7 +55,6 @@ class UnknownAblation(LookupError):
     """An ablation name or path the registry does not hold; the message names the closest one."""
 
 
-# -- The file's schema -----------------------------------------------------------------------------
 def _one_of(options: tuple[str, ...], what: str) -> AfterValidator:
     def check(value: str) -> str:
         if value not in options:
@@ -239,7 +238,6 @@ class FigureFile:
     """Claims checked against the runs."""
 
 
-# -- The loaded registry ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class Variant:
     name: str
@@ -303,7 +301,6 @@ class Registry:
         return self.kind == "sweep"
 
 
-# -- Names -----------------------------------------------------------------------------------------
 _GREEK = {"δ": "delta", "η": "eta", "λ": "lambda", "ε": "eps", "β": "beta"}
 
 
@@ -338,7 +335,6 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-# -- Config keys and values ------------------------------------------------------------------------
 def config_kind(kind: str) -> tuple[type, Callable[[dict[str, Any]], Any], Callable[[Any], str]]:
     """(config class, validator, hash) of a grid's runs: harness.config's for train runs, the
     world's (its cache key as the hash; imported here, as it imports torch) for kind world."""
@@ -370,7 +366,6 @@ def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, pr
     return out
 
 
-# -- Loading ---------------------------------------------------------------------------------------
 def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> dict[str, Any]:
     """The YAML at `ref`, relative to the registry file's folder, else to the repo's ablations/ (so
     a registry written elsewhere, a test's tmp dir, can still say `base: bases/vanilla.yaml`)."""
@@ -533,12 +528,10 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
         reg.warnings.append(f"seeds {reg.seeds}: a seed listed more than once runs once")
         reg.seeds = list(dict.fromkeys(reg.seeds))
     names = reg.variant_names
-    variant_sets = {}
-    for vname, vset in profile.variant_set.items():
-        if vname not in names:
-            problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant"
-                            + did_you_mean(vname, names))
-        variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{scale}.variant_set[{vname!r}]", problems)
+    problems += [f"{where}profiles.{scale}.variant_set: {n!r} is not a variant" + did_you_mean(n, names)
+                 for n in profile.variant_set if n not in names]
+    variant_sets = {n: flat_settings(s, leaves, f"{where}profiles.{scale}.variant_set[{n!r}]", problems)
+                    for n, s in profile.variant_set.items()}
     problems += [f"--variant {o!r}: not in {reg.path.name}" + did_you_mean(o, names)
                  for o in only or [] if o not in names]
     reg.variants = [v for v in reg.variants if not only or v.name in only]

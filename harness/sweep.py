@@ -3,11 +3,9 @@
     python -m harness.sweep ablations/sweep_delta_eta.yaml --trials 16 --workers 2
     python -m analysis.sweep_plots sweep_delta_eta      # plots, trials table, best trial
 
-A trial scores the mean over its seeds (score_run); collapsed trials stay COMPLETE (user attr
-`collapsed`), a FAILED run fails its trial (user attrs `outcome`, `failure_reason`), the pruner
-stops weak ones. `--trials` is the study's TOTAL of trials with an outcome: rerunning continues the
-study and makes up trials cut off by Ctrl-C or a dead worker (whose MLflow runs end KILLED and whose
-parent run ends FAILED). Storage: optuna.db next to the MLflow sqlite file, or --storage.
+A trial scores the mean over its seeds (score_run); collapsed trials stay COMPLETE, a FAILED run
+fails its trial, the pruner stops weak ones. `--trials` is the study's TOTAL of trials with an
+outcome: rerunning continues the study and makes up trials cut off by Ctrl-C or a dead worker.
 """
 from __future__ import annotations
 
