@@ -386,10 +386,8 @@ def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str
 def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, problems: list[str]) -> list[Variant]:
     by_name: dict[str, Variant] = {}
     for i, item in enumerate(fs.variants):
-        settings: dict[str, Any] = {}
-        if item.inherit in by_name:
-            settings.update(by_name[item.inherit].settings)
-        elif item.inherit is not None:
+        settings = dict(by_name[item.inherit].settings) if item.inherit in by_name else {}
+        if item.inherit is not None and item.inherit not in by_name:
             problems.append(f"{where}variants.{i}.inherit: got {item.inherit!r}; no variant of that name above "
                             f"this one" + (did_you_mean(item.inherit, by_name) if by_name else ""))
         settings.update(flat_settings(item.set, leaves, f"{where}variant {item.name!r}: set", problems))

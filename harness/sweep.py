@@ -314,10 +314,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
         raise ConfigError([f"{path}: base: {p}" for p in e.problems]) from None
     train_over = {k: v for k, v in over.items() if not k.startswith("sweep.")}
     # precedence: base file < set < steps < --set < --tracking-uri; the experiment is the sweep
-    data = merge(merge(merge(base, f.set), {"ppo.steps": f.steps} if f.steps else {}), train_over)
-    data = merge(data, {"logging.experiment": f.name})
-    if tracking_uri:
-        data = merge(data, {"logging.tracking_uri": tracking_uri})
+    layers = [f.set, {"ppo.steps": f.steps} if f.steps else {}, train_over, {"logging.experiment": f.name},
+              {"logging.tracking_uri": tracking_uri} if tracking_uri else {}]
+    data = functools.reduce(merge, layers, base)
     cfg, problems = _build_config(data)
     if cfg is None:
         raise ConfigError([f"{path}: train config: {p}" for p in problems])
