@@ -32,7 +32,8 @@ from . import summary as S
 from . import prog, tracking
 from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
 from .registry import (
-    Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
+    Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds,
+    registry_files,
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .tracking import redact
@@ -566,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("file", nargs="?", help="registry YAML (ablations/NAME.yaml) or just NAME")
     ap.add_argument("--list", action="store_true", help="list every registry file, its runs and estimated CPU minutes")
     ap.add_argument("--dry-run", action="store_true", help="print the expanded runs, check every config; train nothing")
-    ap.add_argument("--registry", metavar="DIR", help="folder of figure files (default: ./ablations, else the checkout's)")
+    ap.add_argument("--registry", metavar="DIR", help="figure-file folder (default: ./ablations, else the checkout's)")
     add_grid_args(ap, workers=1)
     return ap
 
@@ -576,8 +577,8 @@ def list_registry(ablations_dir: str | None = None) -> int:
     rows = [head]
     files = registry_files(ablations_dir)
     if not files:
-        print(f"error: no figure files (*.yaml) in {ablations_dir or default_ablations_dir()}; run from the folder that "
-              "holds ablations/ or pass --registry DIR", file=sys.stderr)
+        print(f"error: no figure files (*.yaml) in {ablations_dir or default_ablations_dir()}; run from the folder "
+              "that holds ablations/ or pass --registry DIR", file=sys.stderr)
         return 2
     for p in files:
         try:

@@ -10,6 +10,7 @@ and `launch_train`, the multi-rank engine for one training (contract: docs/CONTR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -210,7 +211,7 @@ def launch_train(
     info = json.loads(run_json.read_text())
     res = RunResult(run_id=info["run_id"], status=info.get("status", "FAILED"), steps_done=int(info.get("step", 0)),
                     error=info.get("error"), run_dir=str(run_dir))
-    try:
+    with contextlib.suppress(Exception):  # the store unreachable: the result from run.json stands
         if res.status == "RUNNING":  # the job died without rank 0 closing the run (killed, or another rank failed)
             res.status, res.error = "FAILED", res.error or f"job exited with code {rc}; see {log_path}"
             tracking.set_tags(uri, res.run_id, {keys.TAG_FAILURE: res.error[:4000]})
@@ -220,8 +221,6 @@ def launch_train(
         res.collapsed = run.data.tags.get(keys.TAG_COLLAPSED) == "true"
         if keys.COLLAPSE_STEP in run.data.metrics:
             res.collapse_step = int(run.data.metrics[keys.COLLAPSE_STEP])
-    except Exception:  # noqa: BLE001 - the store unreachable: the result from run.json stands
-        pass
     return res
 
 

@@ -583,7 +583,8 @@ def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False
         except ConfigError:
             return False  # load_registry says what is wrong with it
 
-    return [p for p in sorted(Path(ablations_dir or default_ablations_dir()).glob("*.y*ml")) if sweeps or not is_sweep(p)]
+    folder = Path(ablations_dir or default_ablations_dir())
+    return [p for p in sorted(folder.glob("*.y*ml")) if sweeps or not is_sweep(p)]
 
 
 def ablation_names(ablations_dir: str | Path | None = None) -> list[str]:
