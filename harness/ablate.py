@@ -6,10 +6,8 @@
     python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8
     python -m harness.ablate --list                                   # the whole registry
 
-Rerunning resumes from the MLflow store alone (finished runs skipped, killed ones continued from
-their checkpoint, failed ones started over) under the grid's one parent run; a lock per grid keeps
-a second runner off it. Runs execute through harness.launch. Resume, layout and executors in
-detail: docs/CONTRACTS.md, "The ablation runner".
+Rerunning resumes from the MLflow store alone, under the grid's one parent run; a lock per grid
+keeps a second runner off it. Resume, layout and executors: docs/CONTRACTS.md, "The ablation runner".
 """
 from __future__ import annotations
 
@@ -27,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
+from tqdm.auto import tqdm
 
 from . import keys as K
 from . import summary as S
 from . import prog, tracking
 from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
 from .registry import (
-    Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds, registry_files,
+    Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds,
+    registry_files,
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .tracking import redact
@@ -92,7 +92,6 @@ class GridBusy(RuntimeError):
     """Another runner holds this grid's lock."""
 
 
-# -- Planning: what each run needs, from the MLflow store alone ------------------------------------
 @dataclass
 class Task:
     """A run handed to an executor (plain data: it crosses a process boundary)."""
@@ -193,7 +192,6 @@ def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_di
     return tasks, done
 
 
-# -- Executing one run (in a worker process, a cluster job, or this process) -----------------------
 def execute(task: Task) -> Outcome:
     """Run one task to the end; never raises except KeyboardInterrupt."""
     t0 = time.time()
@@ -250,7 +248,6 @@ def _build_world(task: Task) -> Outcome:
     return Outcome(task.variant, task.seed, status, runs[-1].info.run_id if runs else None, error=error)
 
 
-# -- The runner ------------------------------------------------------------------------------------
 @dataclass
 class AblationResult:
     registry: Registry
@@ -274,22 +271,19 @@ class AblationResult:
 
 
 class Progress:
-    """One line per finished run. On a terminal also a tqdm bar of the grid whose postfix shows each
-    train run in flight (step, RM score, KL and length, read from the store every POLL_S, whichever
-    executor runs it); elsewhere each line ends with the elapsed time and an ETA: elapsed / runs
-    finished here x runs left."""
+    """One line per finished run. On a terminal also a tqdm bar of the grid, its postfix the train runs
+    in flight (step, RM score, KL, length: read from the store every POLL_S, whichever executor runs
+    them); elsewhere each line ends with the elapsed time and an ETA (elapsed / runs done here x runs left)."""
 
     def __init__(self, reg: Registry, done: int, bars: bool):
-        from tqdm.auto import tqdm
-
-        self.tqdm, self.name, self.on = tqdm, reg.name, bars
+        self.name, self.on = reg.name, bars
         self.total, self.done, self.t0, self.finished_here = len(reg.runs), done, time.time(), 0
         self.grid = tqdm(total=self.total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True,
                          disable=not bars)
         self.steps = {(r.variant, str(r.seed)): r.cfg.ppo.steps for r in reg.runs if reg.kind == "train"}
 
     def write(self, line: str) -> None:
-        self.tqdm.write(line, file=sys.stdout)
+        tqdm.write(line, file=sys.stdout)
         sys.stdout.flush()
 
     def finish(self, out: Outcome) -> None:
@@ -318,11 +312,10 @@ def collect(f: Future, t: Task, outcomes: dict[int, Outcome]) -> Outcome:
     """Record the run's Outcome, or FAILED with why when its worker process or job died under it."""
     try:
         outcomes[t.index] = f.result()
-    except BrokenProcessPool:
-        why = "worker process died (killed, often for memory, or crashed); rerun to resume it"
+    except Exception as e:  # noqa: BLE001 - a dead worker process, or submitit's FailedJobError: a job that died
+        why = (f"{type(e).__name__}: {e}" if not isinstance(e, BrokenProcessPool)
+               else "worker process died (killed, often for memory, or crashed); rerun to resume it")
         outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
-    except Exception as e:  # noqa: BLE001 - e.g. submitit's FailedJobError: a job that died
-        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=f"{type(e).__name__}: {e}", note=t.note)
     return outcomes[t.index]
 
 
@@ -450,7 +443,6 @@ def run_ablation(
     return result
 
 
-# -- Summary: the report's final/peak table (harness.summary), from the store ----------------------
 def summarize(result: AblationResult) -> tuple[Any, Any]:
     """Per run, each column of S.TRAIN_TABLE / S.WORLD_TABLE (one value per logged step, the last
     if a step was logged twice); per variant, mean ± sd over seeds, as the report's table."""
@@ -503,7 +495,6 @@ def print_summary(result: AblationResult) -> None:
         print(f"\nall {len(result.outcomes)} runs finished.")
 
 
-# -- CLI -------------------------------------------------------------------------------------------
 def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
     """The options that pick and run a grid, shared with the main job (harness.main)."""
     ap.add_argument("--workers", type=int, default=workers, metavar="N",
@@ -531,12 +522,17 @@ def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
     ex.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job (default: --threads)")
 
 
-def load_grid(args: argparse.Namespace, name: str) -> Registry:
-    """The registry `name` (a path or a name under ablations/) with the options of add_grid_args;
-    raises ConfigError or UnknownAblation."""
-    return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale, seeds=parse_seeds(args.seeds) if args.seeds else None,
-                         overrides=parse_overrides([x for group in args.overrides for x in group]),
-                         only=args.variants or None)
+def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
+    """The registry `name` (a path or a name under ablations/) with the options of add_grid_args; or
+    exit code 2, the problems printed, when it is unknown or invalid."""
+    try:
+        return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale,
+                             seeds=parse_seeds(args.seeds) if args.seeds else None,
+                             overrides=parse_overrides([x for group in args.overrides for x in group]),
+                             only=args.variants or None)
+    except (ConfigError, UnknownAblation) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
@@ -571,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("file", nargs="?", help="registry YAML (ablations/NAME.yaml) or just NAME")
     ap.add_argument("--list", action="store_true", help="list every registry file, its runs and estimated CPU minutes")
     ap.add_argument("--dry-run", action="store_true", help="print the expanded runs, check every config; train nothing")
-    ap.add_argument("--registry", metavar="DIR", help="folder of figure files (default: ./ablations, else the checkout's)")
+    ap.add_argument("--registry", metavar="DIR", help="figure-file folder (default: ./ablations, else the checkout's)")
     add_grid_args(ap, workers=1)
     return ap
 
@@ -581,8 +577,8 @@ def list_registry(ablations_dir: str | None = None) -> int:
     rows = [head]
     files = registry_files(ablations_dir)
     if not files:
-        print(f"error: no figure files (*.yaml) in {ablations_dir or default_ablations_dir()}; run from the folder that "
-              "holds ablations/ or pass --registry DIR", file=sys.stderr)
+        print(f"error: no figure files (*.yaml) in {ablations_dir or default_ablations_dir()}; run from the folder "
+              "that holds ablations/ or pass --registry DIR", file=sys.stderr)
         return 2
     for p in files:
         try:
@@ -650,11 +646,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give a registry file (e.g. ablations/score_reparam.yaml) or --list")
     if args.workers < 0:
         ap.error("--workers must be 0 (in this process) or more")
-    try:
-        reg = load_grid(args, args.file)
-    except (ConfigError, UnknownAblation) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    reg = load_grid(args, args.file)
+    if isinstance(reg, int):
+        return reg
     if args.dry_run:
         print_dry_run(reg, args.tracking_uri or default_tracking_uri(reg), Path(args.runs_dir))
         problems = preflight(reg)

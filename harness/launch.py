@@ -10,6 +10,7 @@ and `launch_train`, the multi-rank engine for one training (contract: docs/CONTR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import keys, tracking
-from .config import TrainConfig, from_dict, load_config, to_yaml
-from .schema import ConfigError, merge, parse_overrides, to_dict
+from .config import TrainConfig, load_config, to_yaml
+from .schema import ConfigError
 
 STOP_FILE = "STOP"  # = harness.parallel.STOP_FILE (not imported: this module must stay light, without torch)
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -138,7 +139,7 @@ def launch_train(
     env: dict[str, str] | None = None,
     program: Sequence[str] | None = None,
 ):
-    """Train `cfg` (a TrainConfig, or a YAML path plus overrides) on `nproc` local ranks as one
+    """Train `cfg` (a TrainConfig, or a YAML path plus `overrides`) on `nproc` local ranks as one
     torchrun/deepspeed job of `program` (default `-m harness.train`) on the config written to
     `{run dir}/launch_config.yaml`; returns the `harness.train.RunResult` read back from the job's
     run.json and MLflow run. on_step gets the `watch` metrics polled from MLflow every `poll_s`; when
@@ -146,11 +147,7 @@ def launch_train(
     that does not validate; a job that fails later returns status FAILED with the reason."""
     from .train import RunResult, default_run_name
 
-    if isinstance(cfg, TrainConfig):
-        over = parse_overrides(overrides) if isinstance(overrides, list) else overrides or {}
-        c = from_dict(merge(to_dict(cfg), over)) if over else cfg
-    else:
-        c = load_config(cfg, overrides)
+    c = cfg if isinstance(cfg, TrainConfig) else load_config(cfg, overrides)
     run_name = c.logging.run_name or default_run_name(c)
     c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=run_name))
     uri, run_dir = c.logging.tracking_uri, Path(c.logging.output_dir) / c.logging.run_name
@@ -214,7 +211,7 @@ def launch_train(
     info = json.loads(run_json.read_text())
     res = RunResult(run_id=info["run_id"], status=info.get("status", "FAILED"), steps_done=int(info.get("step", 0)),
                     error=info.get("error"), run_dir=str(run_dir))
-    try:
+    with contextlib.suppress(Exception):  # the store unreachable: the result from run.json stands
         if res.status == "RUNNING":  # the job died without rank 0 closing the run (killed, or another rank failed)
             res.status, res.error = "FAILED", res.error or f"job exited with code {rc}; see {log_path}"
             tracking.set_tags(uri, res.run_id, {keys.TAG_FAILURE: res.error[:4000]})
@@ -224,8 +221,6 @@ def launch_train(
         res.collapsed = run.data.tags.get(keys.TAG_COLLAPSED) == "true"
         if keys.COLLAPSE_STEP in run.data.metrics:
             res.collapse_step = int(run.data.metrics[keys.COLLAPSE_STEP])
-    except Exception:  # noqa: BLE001 - the store unreachable: the result from run.json stands
-        pass
     return res
 
 

@@ -3,10 +3,8 @@
     python -m harness.main                                   # Fig. 6 (score_reparam), 2 workers
     python -m harness.main --ablation kl_eta --workers 2
 
-It builds the embedded world if missing, runs the grid (harness.ablate: rerunning resumes it),
-then builds its figure and report (reports.build) into results/ (ignored by git, so a run leaves
-`git status` clean). Failed runs do not stop the figure and report (they show what finished); the
-exit code is non-zero when any run failed or a step could not complete.
+Outputs go to results/ (ignored by git). Failed runs do not stop the figure and report (they show
+what finished); the exit code is non-zero when any run failed or a step could not complete.
 """
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ import time
 from pathlib import Path
 
 from . import ablate
-from .registry import Registry, UnknownAblation
-from .schema import ConfigError
+from .registry import Registry
 from .tracking import redact
 
 DEFAULT_ABLATION = "score_reparam"
@@ -64,11 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.time()
-    try:
-        reg = ablate.load_grid(args, args.ablation)
-    except (ConfigError, UnknownAblation) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    reg = ablate.load_grid(args, args.ablation)
+    if isinstance(reg, int):
+        return reg
     uri = args.tracking_uri = args.tracking_uri or ablate.default_tracking_uri(reg)
     print(f"main job: {reg.name} (Fig. {reg.figure}): {reg.title}")
     print(f"  {len(reg.runs)} runs, est. {ablate.estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes, "

@@ -1,15 +1,13 @@
 """The ablation registry: one YAML per paper figure under `ablations/`, read by one loader (the
 file's format, and the order in which its settings apply: docs/CONTRACTS.md).
 
-    reg = load_registry("ablations/score_reparam.yaml")  # one RunSpec per variant x seed, validated
+    reg = load_registry("ablations/score_reparam.yaml")  # one validated RunSpec per variant x seed
     spec = load_registry(path, resolve=False)             # figures/reports: no train config built
-
-The file's shape goes through harness.schema; with `resolve=True` (the runner) every variant x
-seed config is validated too (harness.config, or the world's validator for `kind: world`).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 import unicodedata
@@ -57,7 +55,6 @@ class UnknownAblation(LookupError):
     """An ablation name or path the registry does not hold; the message names the closest one."""
 
 
-# -- The file's schema -----------------------------------------------------------------------------
 def _one_of(options: tuple[str, ...], what: str) -> AfterValidator:
     def check(value: str) -> str:
         if value not in options:
@@ -241,7 +238,6 @@ class FigureFile:
     """Claims checked against the runs."""
 
 
-# -- The loaded registry ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class Variant:
     name: str
@@ -305,7 +301,6 @@ class Registry:
         return self.kind == "sweep"
 
 
-# -- Names -----------------------------------------------------------------------------------------
 _GREEK = {"δ": "delta", "η": "eta", "λ": "lambda", "ε": "eps", "β": "beta"}
 
 
@@ -340,7 +335,6 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-# -- Config keys and values ------------------------------------------------------------------------
 def config_kind(kind: str) -> tuple[type, Callable[[dict[str, Any]], Any], Callable[[Any], str]]:
     """(config class, validator, hash) of a grid's runs: harness.config's for train runs, the
     world's (its cache key as the hash; imported here, as it imports torch) for kind world."""
@@ -372,7 +366,6 @@ def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, pr
     return out
 
 
-# -- Loading ---------------------------------------------------------------------------------------
 def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> dict[str, Any]:
     """The YAML at `ref`, relative to the registry file's folder, else to the repo's ablations/ (so
     a registry written elsewhere, a test's tmp dir, can still say `base: bases/vanilla.yaml`)."""
@@ -393,10 +386,8 @@ def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str
 def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, problems: list[str]) -> list[Variant]:
     by_name: dict[str, Variant] = {}
     for i, item in enumerate(fs.variants):
-        settings: dict[str, Any] = {}
-        if item.inherit in by_name:
-            settings.update(by_name[item.inherit].settings)
-        elif item.inherit is not None:
+        settings = dict(by_name[item.inherit].settings) if item.inherit in by_name else {}
+        if item.inherit is not None and item.inherit not in by_name:
             problems.append(f"{where}variants.{i}.inherit: got {item.inherit!r}; no variant of that name above "
                             f"this one" + (did_you_mean(item.inherit, by_name) if by_name else ""))
         settings.update(flat_settings(item.set, leaves, f"{where}variant {item.name!r}: set", problems))
@@ -518,7 +509,7 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
                   only: list[str] | None, problems: list[str]) -> None:
     """Fill reg.runs (one validated config per variant x seed), reg.common and reg.warnings."""
     where, scale = f"{reg.path}: ", reg.scale
-    cls, validator, hasher = config_kind(fs.kind)
+    _, validator, hasher = config_kind(fs.kind)
     profile = fs.profiles.get(scale, Profile())
     if scale != DEFAULT_SCALE and scale not in fs.profiles:
         problems.append(f"{where}--scale {scale}: this file has no profiles.{scale}; available scales: "
@@ -529,21 +520,16 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     overlay_data = _resolve_file(profile.overlay, reg.path, f"{where}profiles.{scale}.overlay", problems)
     profile_set = flat_settings(profile.set, leaves, f"{where}profiles.{scale}.set", problems)
     cli_set = flat_settings(merge({}, overrides), leaves, "--set", problems)
-    has_seed = "seed" in leaves
     if not seeds_given and profile.seeds:
         reg.seeds = list(profile.seeds)
     if len(set(reg.seeds)) < len(reg.seeds):
         reg.warnings.append(f"seeds {reg.seeds}: a seed listed more than once runs once")
         reg.seeds = list(dict.fromkeys(reg.seeds))
-    if not has_seed and len(reg.seeds) > 1:
-        problems.append(f"{where}seeds: {cls.__name__} has no seed field, so give one seed")
     names = reg.variant_names
-    variant_sets = {}
-    for vname, vset in profile.variant_set.items():
-        if vname not in names:
-            problems.append(f"{where}profiles.{scale}.variant_set: {vname!r} is not a variant"
-                            + did_you_mean(vname, names))
-        variant_sets[vname] = flat_settings(vset, leaves, f"{where}profiles.{scale}.variant_set[{vname!r}]", problems)
+    problems += [f"{where}profiles.{scale}.variant_set: {n!r} is not a variant" + did_you_mean(n, names)
+                 for n in profile.variant_set if n not in names]
+    variant_sets = {n: flat_settings(s, leaves, f"{where}profiles.{scale}.variant_set[{n!r}]", problems)
+                    for n, s in profile.variant_set.items()}
     problems += [f"--variant {o!r}: not in {reg.path.name}" + did_you_mean(o, names)
                  for o in only or [] if o not in names]
     reg.variants = [v for v in reg.variants if not only or v.name in only]
@@ -556,11 +542,8 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
                      for k, x in cli_set.items() if k in varied]
 
     def resolved(layers: list[dict[str, Any]], label: str) -> Any:
-        data = base_data
-        for layer in layers:
-            data = merge(data, layer)
         try:
-            return validator(data)
+            return validator(functools.reduce(merge, layers, base_data))
         except ConfigError as e:
             problems.extend(f"{where}{label}: {p}" for p in e.problems)
             return None
@@ -573,7 +556,7 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     for v in reg.variants:
         for seed in reg.seeds:
             layers = [overlay_data, reg.shared, profile_set, v.settings, variant_sets.get(v.name, {}), cli_set]
-            cfg = resolved(layers + ([{"seed": seed}] if has_seed else []), f"variant {v.name!r} seed {seed}")
+            cfg = resolved([*layers, {"seed": seed}], f"variant {v.name!r} seed {seed}")
             if cfg is not None:
                 flat = flatten(to_dict(cfg))
                 changed = {k: x for k, x in flat.items() if common_flat.get(k, object()) != x and k != "seed"}
@@ -600,7 +583,8 @@ def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False
         except ConfigError:
             return False  # load_registry says what is wrong with it
 
-    return [p for p in sorted(Path(ablations_dir or default_ablations_dir()).glob("*.y*ml")) if sweeps or not is_sweep(p)]
+    folder = Path(ablations_dir or default_ablations_dir())
+    return [p for p in sorted(folder.glob("*.y*ml")) if sweeps or not is_sweep(p)]
 
 
 def ablation_names(ablations_dir: str | Path | None = None) -> list[str]:

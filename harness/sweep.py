@@ -3,11 +3,9 @@
     python -m harness.sweep ablations/sweep_delta_eta.yaml --trials 16 --workers 2
     python -m analysis.sweep_plots sweep_delta_eta      # plots, trials table, best trial
 
-A trial scores the mean over its seeds (score_run); collapsed trials stay COMPLETE (user attr
-`collapsed`), a FAILED run fails its trial (user attrs `outcome`, `failure_reason`), the pruner
-stops weak ones. `--trials` is the study's TOTAL of trials with an outcome: rerunning continues the
-study and makes up trials cut off by Ctrl-C or a dead worker (whose MLflow runs end KILLED and whose
-parent run ends FAILED). Storage: optuna.db next to the MLflow sqlite file, or --storage.
+A trial scores the mean over its seeds (score_run); collapsed trials stay COMPLETE, a FAILED run
+fails its trial, the pruner stops weak ones. `--trials` is the study's TOTAL of trials with an
+outcome: rerunning continues the study and makes up trials cut off by Ctrl-C or a dead worker.
 """
 from __future__ import annotations
 
@@ -316,10 +314,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
         raise ConfigError([f"{path}: base: {p}" for p in e.problems]) from None
     train_over = {k: v for k, v in over.items() if not k.startswith("sweep.")}
     # precedence: base file < set < steps < --set < --tracking-uri; the experiment is the sweep
-    data = merge(merge(merge(base, f.set), {"ppo.steps": f.steps} if f.steps else {}), train_over)
-    data = merge(data, {"logging.experiment": f.name})
-    if tracking_uri:
-        data = merge(data, {"logging.tracking_uri": tracking_uri})
+    layers = [f.set, {"ppo.steps": f.steps} if f.steps else {}, train_over, {"logging.experiment": f.name},
+              {"logging.tracking_uri": tracking_uri} if tracking_uri else {}]
+    data = functools.reduce(merge, layers, base)
     cfg, problems = _build_config(data)
     if cfg is None:
         raise ConfigError([f"{path}: train config: {p}" for p in problems])
@@ -370,9 +367,8 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
 
 def default_storage_url(tracking_uri: str) -> str:
     """optuna.db next to the MLflow sqlite file; sqlite:///optuna.db for other tracking URIs."""
-    if tracking_uri.startswith("sqlite:///"):
-        return "sqlite:///" + str(Path(tracking_uri.removeprefix("sqlite:///")).parent / "optuna.db")
-    return "sqlite:///optuna.db"
+    beside = Path(tracking_uri.removeprefix("sqlite:///")).parent if tracking_uri.startswith("sqlite:///") else Path()
+    return f"sqlite:///{beside / 'optuna.db'}"
 
 
 def _sqlite_file(url: str) -> Path | None:
