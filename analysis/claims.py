@@ -33,8 +33,7 @@ from harness.registry import (
 )
 from harness.summary import describe, fmt, fmt_mean_sd
 
-SIMILAR_MARGIN = 0.1
-"""'similar': the CI half-width of each difference must be below this fraction of the larger |mean|."""
+SIMILAR_MARGIN = 0.1  # 'similar': each difference's CI half-width must be below this fraction of the larger |mean|
 STAT_WORDS = {"rise": "rise (final − initial) of", "volatility": "step-to-step volatility of", "min": "lowest"}
 METRIC_WORDS = {
     K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity", K.LENGTH: "length",

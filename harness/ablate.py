@@ -50,13 +50,10 @@ WORLD_BUILD_CPU_MIN = 4.5  # one default embedded-world build (kind: world), sin
 # (3-step runs: 15-90 s with 2 threads vs 2-4 s with 1), so more cores go to --workers.
 DEFAULT_THREADS = 1
 
+# On the parent run: hash of the grid's (variant, seed, config hash) list; a rerun reopens that parent.
 TAG_GRID = "harness.grid_hash"
-"""On the parent run: hash of the grid's (variant, seed, config hash) list; a rerun of the same
-grid reopens the parent with this tag instead of starting a second one."""
-POLL_S = 2.0
-"""Seconds between reads of the store for the progress of runs in flight."""
-SHOWN = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))
-"""Metrics of a run in flight shown on the progress bar, with their short names."""
+POLL_S = 2.0  # seconds between reads of the store for the progress of runs in flight
+SHOWN = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))  # a run in flight on the progress bar
 
 
 def estimate_cpu_minutes(reg: Registry) -> float:
@@ -604,7 +601,7 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print(f"every run: {fmt_changes(reg.common_changes)}")
     print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels)}")
     print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {runs_dir / reg.name}/")
-    on_gpu = any(getattr(r.cfg, "device", "cpu") != "cpu" for r in reg.runs)
+    on_gpu = any(getattr(r.cfg, "device", "cpu") == "cuda" for r in reg.runs)
     cost = f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes"
     cost = "GPU runs (no CPU-minute estimate)" if on_gpu else cost
     print(f"{len(reg.runs)} runs ({len(reg.variants)} variants x {len(reg.seeds)} seeds), {cost}:")

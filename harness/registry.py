@@ -36,8 +36,7 @@ DEFAULT_SCALE = "world"  # no profile: the file's own settings (the embedded wor
 # Fig. 13's per-step score distributions.
 RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST = "rm_score_diff_hist", "rm_accuracy", "eval_rm_score_hist"
 SPECIAL_PANELS = (RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST)
-STANDARD_PANELS = [K.RM_SCORE, K.LENGTH, K.KL, K.PPL]
-"""The paper's usual four panels: what a file without `panels` (or a store-only ablation) draws."""
+STANDARD_PANELS = [K.RM_SCORE, K.LENGTH, K.KL, K.PPL]  # the paper's usual four; drawn when `panels` is absent
 KNOWN_METRICS = tuple(
     K.STEP_METRICS + K.GOLD_METRICS + K.EVAL_METRICS
     + [K.PPL_TOKENS, K.COLLAPSE_STEP, K.COLLAPSE_SIGNALS, K.RM_TRAIN_ACC, K.RM_EVAL_ACC, K.RM_TRAIN_LOSS]

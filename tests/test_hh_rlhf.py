@@ -33,7 +33,6 @@ def test_shared_file_parses_into_prompts_replies_and_pairs():
     assert ex.prompt + ex.rejected == first["rejected"]
     assert ASSISTANT not in ex.chosen  # the reply is the LAST assistant turn only
     assert data.sft_pairs[0] == (ex.prompt, ex.chosen)
-    assert data.preference_pairs[0] == (ex.prompt, ex.chosen, ex.rejected)
     assert all(p.endswith(ASSISTANT) for p in data.prompts)
 
     train, evals = data.split_prompts(100, seed=1)

@@ -59,11 +59,6 @@ class HHData:
         """(prompt, chosen reply) SFT targets."""
         return [(e.prompt, e.chosen) for e in self.examples]
 
-    @property
-    def preference_pairs(self) -> list[tuple[str, str, str]]:
-        """(prompt, chosen reply, rejected reply)."""
-        return [(e.prompt, e.chosen, e.rejected) for e in self.examples]
-
     def split_prompts(self, n_eval: int, seed: int = 0) -> tuple[list[str], list[str]]:
         """(train, eval) distinct prompts; `n_eval` drawn with `seed`, so no eval prompt is trained on."""
         prompts = self.prompts
