@@ -143,7 +143,7 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
     run_dir.mkdir(parents=True, exist_ok=True)
     run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
     if run_info is not None and run_info.get("config_hash") != chash:
-        old = run_info.get("config", {})
+        old = run_info.get("config") or dict(flat)  # a run.json of an older harness holds no config to compare
         diff = [f"{k}: {old.get(k)!r} -> {flat.get(k)!r}" for k in sorted(set(old) | set(flat)) if old.get(k) != flat.get(k)]
         raise ConfigError([f"--resume: {run_dir} holds run {run_info.get('run_id')} of another config ("
                            + ("; ".join(diff) if diff else "config hash differs") + "); resume it with its own config, "
