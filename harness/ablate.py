@@ -614,8 +614,7 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
 
 
 def preflight(reg: Registry) -> list[str]:
-    """Problems that would fail runs after they start (world, data, model paths, vocabularies,
-    hardware), found before any run exists: on each distinct set of model and data inputs."""
+    """What would fail runs after they start (hardware, world, data, models), found before any run exists."""
     if reg.kind != "train":
         return []
     from .models import preflight as check_inputs
@@ -623,12 +622,13 @@ def preflight(reg: Registry) -> list[str]:
 
     problems: dict[str, None] = {}
     seen = set()
-    for r in reg.runs:
-        key = json.dumps([to_dict(r.cfg.model), to_dict(r.cfg.data)], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            problems |= {f"{r.variant}: {p}" if len(reg.variants) > 1 else p: None
-                         for p in check_hardware(r.cfg) + check_inputs(r.cfg)}
+    for r in reg.runs:  # the hardware rules read every section; the inputs only model and data
+        d = to_dict(r.cfg)
+        for check, key in ((check_hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
+                           (check_inputs, [d["model"], d["data"]])):
+            if (k := (check.__name__, json.dumps(key, sort_keys=True, default=str))) not in seen:
+                seen.add(k)
+                problems |= {f"{r.variant}: {p}" if len(reg.variants) > 1 else p: None for p in check(r.cfg)}
     if any("no built world" in p for p in problems):
         problems["or run the whole main job (world + ablation + figures + report): python -m harness.main"] = None
     return list(problems)

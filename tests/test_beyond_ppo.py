@@ -28,3 +28,11 @@ def test_figure_file_runs_end_to_end(name, tiny_world, tmp_path):
         assert r.info.status == "FINISHED" and K.RM_SCORE in r.data.metrics and K.GOLD_SCORE in r.data.metrics
         critic_free = r.data.params["ppo.adv_estimator"] != "gae"
         assert critic_free == (not any(k.startswith("val/") for k in r.data.metrics))
+
+
+def test_grid_preflight_checks_every_variant_not_only_each_model():
+    # every variant shares PPO-max's models and data; a group estimator at G = 1 must still be caught
+    reg = load_registry(ABLATIONS_DIR / "estimators.yaml", overrides={"generation.samples_per_prompt": 1})
+    problems = ablate.preflight(reg)
+    assert any(p.startswith("GRPO: generation.samples_per_prompt: got 1") for p in problems), problems
+    assert not any(p.startswith("PPO-max: generation.samples_per_prompt") for p in problems)
