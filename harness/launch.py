@@ -1,7 +1,7 @@
 """Where runs execute: one executor interface (`submit(fn, *args) -> Future`) over three engines,
 and `launch_train`, the multi-rank engine for one training (contract: docs/CONTRACTS.md).
 
-    ex = executor("local", workers=2)            # each call in its own spawned process, 2 at a time
+    ex = executor("local", workers=2)            # each call in its own fresh process, 2 at a time
     ex = executor("slurm", workers=8, folder="runs/x/slurm", slurm_partition="gpu", gpus_per_node=8)
     ex = executor("submitit-local", workers=2, folder=...)   # the slurm code path, without Slurm
     res = launch_train(cfg, nproc=2)             # a TrainConfig on 2 local ranks (torchrun)
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -62,11 +63,27 @@ class Executor:
             self.pool.shutdown(wait=True, cancel_futures=cancel)
 
 
+# what a run imports (torch, transformers' GPT-2, MLflow: ~3 s of CPU): loaded once by the fork server
+PRELOAD = ["harness.train", "transformers.models.gpt2.modeling_gpt2"]
+
+
+@functools.cache
+def run_context() -> mp.context.BaseContext:
+    """Where each run's process comes from: forked by a server process that imported PRELOAD once
+    (`forkserver`), so a run starts clean (no threads, no store connections: the server only
+    imports) without paying the imports again; `spawn` where there is no fork server."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 def in_own_process(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call fn in a fresh spawned process. A pool of one per call: a process that dies (OOM kill,
-    segfault) raises BrokenProcessPool for this call only, where one shared pool would break and
-    stop every call in flight."""
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+    """Call fn in a fresh process (`run_context`). A pool of one per call: a process that dies (OOM
+    kill, segfault) raises BrokenProcessPool for this call only, where one shared pool would break
+    and stop every call in flight."""
+    with ProcessPoolExecutor(1, mp_context=run_context()) as pool:
         return pool.submit(fn, *args).result()
 
 

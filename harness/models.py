@@ -122,12 +122,6 @@ class ScalarHeadModel(nn.Module):
         hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         return self.head(hidden).squeeze(-1).float()
 
-    def score_last(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Scalar at the last position whose attention mask is 1 (the end of the response)."""
-        values = self(input_ids, attention_mask, position_ids)
-        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).float().argmax(1)
-        return values[torch.arange(values.shape[0], device=values.device), last]
-
 
 def load_tokenizer(cfg: TrainConfig):
     path = resolve_path(cfg.model.tokenizer_path or cfg.model.sft_path, cfg, "model.tokenizer_path")

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers.activations import GELUTanh, NewGELUActivation
 
 from .algorithms.losses import entropy_from_logits
+from .gpt2 import StaticGPT2Decoder, packed_hidden, supports
 
 
 @dataclass
@@ -78,8 +79,8 @@ STREAM_ROLLOUT, STREAM_EVAL = 1, 2
 """Counter-hash streams: training rollouts (counter = rollout number) and eval (counter = chunk start)."""
 
 
-def keyed_uniform(row_keys: torch.Tensor, step: int) -> torch.Tensor:
-    """[B] float64 uniforms in (0, 1), 24 random bits: a pure function of (row key, step)."""
+def keyed_uniform(row_keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """float64 uniforms in (0, 1), 24 random bits: a pure function of (row key, step), broadcast."""
     return ((counter_hash(row_keys, step) >> 8).double() + 0.5) / float(1 << 24)
 
 
@@ -156,13 +157,14 @@ def sample(
     first_pos = pos[:, -1] + 1  # of the first response token
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, ents = [], [], []
+    u = keyed_uniform(keys[:, None], torch.arange(max_new_tokens, device=device))  # [B, steps]: all at once
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
         if greedy:
             tok = scaled.argmax(-1)
         else:
-            tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), keyed_uniform(keys, t))
+            tok = draw(torch.softmax(filter_logits(scaled, top_k, top_p), -1), u[:, t])
         if stop_at_eos:
             tok = torch.where(finished, pad_id, tok)
         tokens.append(tok)
@@ -206,81 +208,40 @@ class CachedDecoder:
         return self._run(tok[:, None], pos[:, None], **{self.cache_arg: self.cache})
 
 
-class StaticGPT2Decoder:
-    """Incremental GPT-2 forward for sampling, written against the model's own modules.
-
-    Same formulas as transformers' GPT2Model/GPT2LMHeadModel in eval mode (token + position
-    embeddings, pre-LN blocks of Conv1D attention and MLP, final LN, tied LM head), but with
-    key/value buffers allocated once for prompt + max_new_tokens, attention masks built once, and
-    the LM head applied only at the position being sampled: no per-token cache objects, masks or
-    output containers (they dominate sampling for small models). Results equal the model's forward
-    up to float round-off.
-    """
-
-    def __init__(self, model: torch.nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int):
-        self.model, self.tr = model, model.transformer
-        self.E, self.H = model.config.n_embd, model.config.n_head
-        self.D = self.E // self.H
-        B, self.P = prompt_mask.shape
-        self.L = self.P + max_new_tokens
-        self.k: list[torch.Tensor | None] = [None] * len(self.tr.h)  # key/value buffers [B, H, L, D] per layer
-        self.v: list[torch.Tensor | None] = [None] * len(self.tr.h)
-        # keys a query may attend to: real prompt tokens and everything generated (as the model's
-        # own path does: generated positions are never masked); each query also sees itself, so a
-        # left-pad query row is never empty (its output is unused, but must not be NaN)
-        self.key_ok = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(B, max_new_tokens, dtype=torch.bool)], 1)
-        self.t = 0  # positions filled so far
-
-    @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        cfg = getattr(model, "config", None)
-        if type(model).__name__ != "GPT2LMHeadModel" or cfg is None or model.training:
-            return False
-        if getattr(cfg, "add_cross_attention", False) or getattr(cfg, "reorder_and_upcast_attn", False):
-            return False
-        blk = model.transformer.h[0]
-        return hasattr(blk.attn, "scaling") and hasattr(blk.attn, "c_attn") and hasattr(blk.mlp, "act")
-
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Run new tokens ids [B, T] at positions pos [B, T] through the blocks; returns the last
-        position's logits [B, V]. mask: [B, 1, T, t+T] bool (True = attend)."""
-        tr, E, H, D = self.tr, self.E, self.H, self.D
-        B, T = ids.shape
-        t0, t1 = self.t, self.t + T
-        x = tr.wte(ids) + tr.wpe(pos)
-        for i, blk in enumerate(tr.h):
-            a = blk.attn
-            q, k, v = (z.view(B, T, H, D).transpose(1, 2) for z in a.c_attn(blk.ln_1(x)).split(E, dim=2))
-            if self.k[i] is None:
-                self.k[i], self.v[i] = k.new_empty(B, H, self.L, D), v.new_empty(B, H, self.L, D)
-            kc, vc = self.k[i], self.v[i]
-            kc[:, :, t0:t1], vc[:, :, t0:t1] = k, v
-            o = F.scaled_dot_product_attention(q, kc[:, :, :t1], vc[:, :, :t1], attn_mask=mask, scale=a.scaling)
-            x = x + a.c_proj(o.transpose(1, 2).reshape(B, T, E))
-            x = x + blk.mlp.c_proj(blk.mlp.act(blk.mlp.c_fc(blk.ln_2(x))))
-        self.t = t1
-        return self.model.lm_head(tr.ln_f(x[:, -1]))
-
-    def prefill(self, prompt_ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        P = self.P
-        causal = torch.ones(P, P, dtype=torch.bool, device=prompt_ids.device).tril()
-        mask = (causal[None] & self.key_ok[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=prompt_ids.device)[None]
-        return self._forward(prompt_ids, pos, mask[:, None])
-
-    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return self._forward(tok[:, None], pos[:, None], self.key_ok[:, None, None, : self.t + 1])
-
-
 def _keep_last(model: torch.nn.Module, n: int = 1) -> dict:
     """`logits_to_keep=n` where the model (or the one a `parallel.Engine` holds) supports it (the
     LM head then runs on the last n positions only)."""
     return {"logits_to_keep": n} if "logits_to_keep" in _forward_args(type(getattr(model, "module", model))) else {}
 
 
-def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the response `tokens` and (unless with_entropy=False: None) the full-vocab entropy
-    per position, from the logits at positions P-1 .. end-1 divided by temperature. The LM head runs
-    only on those (and the last one, dropped) where the model takes `logits_to_keep`."""
+def predictors(attn: torch.Tensor, P: int) -> torch.Tensor:
+    """[B, P+R] bool: the positions whose next token is a real response token (P-1+t for each real t)."""
+    out = torch.zeros_like(attn, dtype=torch.bool)
+    out[:, P - 1 : -1] = attn[:, P:].bool()
+    return out
+
+
+def _spread(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """values [M] into a zero tensor shaped like the bool mask `where` (row-major), differentiably."""
+    return torch.zeros(where.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)
+
+
+def logprobs_and_entropy(model, seq, attn, P, tokens, temperature, with_entropy: bool = True,
+                         pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the response `tokens` [B, R] and (unless with_entropy=False: None) the full-vocab
+    entropy per position, from the logits at positions P-1 .. end-1 divided by temperature.
+
+    `pack` with a GPT-2 LM: only real tokens are computed (`gpt2.packed_hidden`), the LM head runs
+    at the positions predicting real response tokens, and padded response positions hold 0.
+    Otherwise the model's own forward, its LM head only on the last R+1 positions where it takes
+    `logits_to_keep` (padded positions then hold numbers that callers mask)."""
+    net = getattr(model, "module", model)
+    if pack and supports(net, lm=True):
+        real = attn[:, P:].bool()
+        logits = net.lm_head(packed_hidden(net.transformer, seq, attn, position_ids(attn), predictors(attn, P)))
+        logits = logits.float() / temperature
+        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[real][:, None]).squeeze(-1)
+        return _spread(logprobs, real), (_spread(entropy_from_logits(logits), real) if with_entropy else None)
     R = seq.shape[1] - P
     out = model(input_ids=seq, attention_mask=attn, position_ids=position_ids(attn), use_cache=False, **_keep_last(model, R + 1))
     logits = out.logits[:, -(R + 1) : -1, :].float() / temperature
@@ -299,9 +260,27 @@ def fuse_activations(model: torch.nn.Module) -> None:
                 setattr(mod, name, GELUTanh())
 
 
-def critic_values(critic, seq: torch.Tensor, attn: torch.Tensor, P: int) -> torch.Tensor:
-    """V(s_t) for each response token t: the critic read at the position before the token."""
-    return critic(seq, attn, position_ids(attn))[:, P - 1 : -1]
+def scalar_at(model, seq: torch.Tensor, attn: torch.Tensor, at: torch.Tensor, pack: bool = False) -> torch.Tensor:
+    """A `models.ScalarHeadModel`'s scalar at the positions `at` ([B, T] bool) as [M] (row-major);
+    `pack` with a GPT-2 trunk computes only the real tokens (`gpt2.packed_hidden`)."""
+    net = getattr(model, "module", model)
+    if pack and supports(net.trunk, lm=False):
+        return net.head(packed_hidden(net.trunk, seq, attn, position_ids(attn), at)).squeeze(-1).float()
+    return model(seq, attn, position_ids(attn))[at]
+
+
+def critic_values(critic, seq: torch.Tensor, attn: torch.Tensor, P: int, pack: bool = False) -> torch.Tensor:
+    """V(s_t) for each response token t [B, R]: the critic read at the position before the token
+    (0 at padded response positions)."""
+    return _spread(scalar_at(critic, seq, attn, predictors(attn, P), pack), attn[:, P:].bool())
+
+
+def last_scores(rm, seq: torch.Tensor, attn: torch.Tensor, pack: bool = False) -> torch.Tensor:
+    """The reward model's score [B] at each row's last real token (the end of the response): we pick
+    the position ourselves, so padded rows are scored at exactly the token we mean."""
+    last = torch.zeros_like(attn, dtype=torch.bool)
+    last[torch.arange(attn.shape[0], device=attn.device), attn.shape[1] - 1 - attn.flip(1).float().argmax(1)] = True
+    return scalar_at(rm, seq, attn, last, pack)
 
 
 def lm_loss(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

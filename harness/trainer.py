@@ -26,8 +26,8 @@ from .data import PromptSource
 from .models import Models
 from .parallel import DistEnv, Engine, NonFiniteLoss, frozen
 from .rollout import (
-    STREAM_EVAL, STREAM_ROLLOUT, Rollout, counter_hash, critic_values, fuse_activations, left_pad, lm_loss,
-    logprobs_and_entropy, position_ids, sample,
+    STREAM_EVAL, STREAM_ROLLOUT, Rollout, counter_hash, critic_values, fuse_activations, last_scores, left_pad,
+    lm_loss, logprobs_and_entropy, sample,
 )
 
 
@@ -49,10 +49,11 @@ class Batch:
     returns: torch.Tensor
     prompts: list[str]
     responses: list[str]
+    first_perm: torch.Tensor | None = None
+    """The update's first epoch's row order, drawn before scoring (the same draw, in the same order)."""
     first_pass: dict | None = None
-    """This rank's scoring-pass outputs that still hold their autograd graph ("logprobs", "entropy",
-    "values"), reused by the update's first epoch when it has one minibatch (same inputs, parameters
-    not yet stepped)."""
+    """Scoring-pass outputs for this rank's rows of the update's first minibatch that still hold their
+    autograd graph ("logprobs", "entropy", "values"): same rows, parameters not yet stepped."""
 
 
 @dataclass
@@ -127,6 +128,9 @@ class PPOTrainer:
         self.reference = frozen(models.reference, cfg, env, device)
         self.reward = frozen(models.reward, cfg, env, device)
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
+        # teacher-forced passes over real tokens only (gpt2.packed_hidden) call the modules' parts
+        # directly: plain torch only (a DeepSpeed engine's forward must run as a whole)
+        self.pack = not d.deepspeed
         self.reward_stats = RunningMeanStd()
         self.kl_ctl = KLController(p.kl_coef, p.kl_target if p.kl_controller == "adaptive" else None, p.kl_horizon)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
@@ -177,7 +181,7 @@ class PPOTrainer:
         """This rank's shard scored by the RM, then the global batch of n rows: (rollout, raw
         scores, prompt texts, response texts, gold scores or None)."""
         with self.autocast:
-            scores = self.reward.score_last(ro.sequences, ro.attention_mask, position_ids(ro.attention_mask)).float()
+            scores = last_scores(self.reward, ro.sequences, ro.attention_mask, self.pack).float()
         scores = self.gather(scores, n)
         ro = Rollout(*(self.gather(getattr(ro, f.name), n) for f in dataclasses.fields(Rollout)))
         prompts = [self.tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True) for ids, m in zip(ro.prompt_ids, ro.prompt_mask)]
@@ -201,6 +205,7 @@ class PPOTrainer:
         t0 = time.perf_counter()
         B, G = p.rollout_batch_size, cfg.generation.samples_per_prompt
         idx = self.next_prompts(B // G)
+        perm = torch.randperm(B, generator=self.data_gen)  # the update's first epoch order (its next draw)
         lists = [self.prompt_tokens[i] for i in idx]
         counter, self.rollout_counter = self.rollout_counter, self.rollout_counter + 1
         # the G samples of a prompt are adjacent rows (group = row // G); keyed by row, they differ
@@ -209,26 +214,44 @@ class PPOTrainer:
         t1 = time.perf_counter()
         P, T = ro.prompt_ids.shape[1], cfg.generation.temperature
         seq, attn, mask = ro.sequences, ro.attention_mask, ro.response_mask.float()
-        # With one minibatch, the update's first epoch runs the policy and critic on exactly these rows
-        # with the same parameters: keep the graphs of these forwards and let it backprop through them.
-        keep = p.num_minibatches == 1 and self.policy.keeps_graphs
+        # The update's first minibatch runs the policy and critic on some of these rows with the same
+        # parameters: forward those rows apart, keeping their graphs for it to backprop through (one
+        # minibatch: each rank's share is its own rollout shard; several: one rank only).
+        keep = self.policy.keeps_graphs and (p.num_minibatches == 1 or self.env.world_size == 1)
+        rows = perm[: B // p.num_minibatches].sort().values if keep and p.num_minibatches > 1 else None
         first: dict = {}
+
+        def forward(fn, name: str, *extra: str):
+            """fn(seq, attn, response) -> tensors [n, R] (or None) for all rows, graphs kept in `first`."""
+            if not keep:
+                return fn(seq, attn, ro.response_ids)
+            if rows is None:  # all of this rank's rows
+                with torch.enable_grad():
+                    out = fn(seq, attn, ro.response_ids)
+                first.update(zip((name, *extra), out))
+                return tuple(None if t is None else t.detach() for t in out)
+            with torch.enable_grad():
+                out = fn(seq[rows], attn[rows], ro.response_ids[rows])
+            first.update(zip((name, *extra), out))
+            rest = torch.ones(len(seq), dtype=torch.bool)
+            rest[rows] = False
+            others = fn(seq[rest], attn[rest], ro.response_ids[rest])
+            return tuple(None if a is None else torch.empty(len(seq), *a.shape[1:], dtype=a.dtype, device=a.device)
+                         .index_copy_(0, rows, a.detach()).masked_scatter_(rest[:, None], b) for a, b in zip(out, others))
+
         with self.autocast:
             if p.reuse_rollout_logprobs:  # old log-probs and entropy from the sampling pass: no policy forward here
                 logprobs, entropy = ro.sample_logprobs, ro.sample_entropy
             else:
-                with torch.set_grad_enabled(keep):
-                    logprobs, entropy = logprobs_and_entropy(self.policy, seq, attn, P, ro.response_ids, T)
-                if keep:
-                    first["logprobs"], first["entropy"] = logprobs, (entropy if p.entropy_coef > 0 else None)
-                    logprobs, entropy = logprobs.detach(), entropy.detach()
-            ref_logprobs, _ = logprobs_and_entropy(self.reference, seq, attn, P, ro.response_ids, T, with_entropy=False)
+                logprobs, entropy = forward(lambda s_, a_, r_: logprobs_and_entropy(self.policy, s_, a_, P, r_, T, pack=self.pack),
+                                            "logprobs", "entropy")
+                if p.entropy_coef <= 0:
+                    first.pop("entropy", None)
+            ref_logprobs, _ = logprobs_and_entropy(self.reference, seq, attn, P, ro.response_ids, T, with_entropy=False,
+                                                   pack=self.pack)
             values = torch.zeros_like(mask)
             if self.critic is not None:
-                with torch.set_grad_enabled(keep):
-                    values = critic_values(self.critic, seq, attn, P).float()
-                if keep:
-                    first["values"], values = values, values.detach()
+                values = forward(lambda s_, a_, r_: (critic_values(self.critic, s_, a_, P, self.pack).float(),), "values")[0]
         gt = self.gather
         logprobs, ref_logprobs, values = gt(logprobs.float() * mask, B), gt(ref_logprobs.float() * mask, B), gt(values * mask, B)
         entropy = gt(entropy.float(), B)
@@ -251,7 +274,7 @@ class PPOTrainer:
         )
         timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     non_score, kl, advantages, returns, prompts, responses, first or None)
+                     non_score, kl, advantages, returns, prompts, responses, perm, first or None)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,11 +307,9 @@ class PPOTrainer:
         def add(k: str, v) -> None:
             acc.setdefault(k, []).append(float(v))
 
-        first, b.first_pass = (b.first_pass or {}), None  # scoring-pass graphs, for epoch 0 with one minibatch
+        first, b.first_pass = (b.first_pass or {}), None  # scoring-pass graphs of the first minibatch
         for epoch in range(p.ppo_epochs):
-            if epoch == 1:
-                first = {}  # frees the graphs
-            perm = torch.randperm(B, generator=self.data_gen)
+            perm = b.first_perm if epoch == 0 else torch.randperm(B, generator=self.data_gen)
             for s in range(0, B, mb_size):
                 # sorted rows: with one minibatch each rank's share is exactly its rollout shard (the first pass's rows)
                 i = perm[s : s + mb_size].sort().values.to(self.device)
@@ -307,8 +328,9 @@ class PPOTrainer:
                     seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m, adv,
                     b.old_logprobs[i][:, :R], b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R],
                     P, m.sum().clamp(min=1), parts,
-                    {k: v[:, :R] for k, v in first.items() if v is not None} if mb_size == B else {},
+                    {k: v[:, :R] for k, v in first.items() if v is not None},
                 )
+                first = {}  # used once; frees the graphs
                 if train_policy:
                     self.policy_step(x, add)
                 if self.critic is not None:
@@ -333,7 +355,8 @@ class PPOTrainer:
             if x.first.get("logprobs") is not None:  # the scoring pass's forward: same rows, same parameters
                 return x.first["logprobs"], x.first.get("entropy")
             with self.policy.training(), self.autocast:
-                return logprobs_and_entropy(self.policy, x.seq[rows], x.attn[rows], x.P, x.response[rows], T, with_entropy=with_entropy)
+                return logprobs_and_entropy(self.policy, x.seq[rows], x.attn[rows], x.P, x.response[rows], T,
+                                            with_entropy=with_entropy, pack=self.pack)
 
         # |H - target|: its gradient's sign comes from the global minibatch mean H, which must be known
         # before the first backward; with several micro-batches, a no-grad forward measures it first
@@ -409,7 +432,7 @@ class PPOTrainer:
                 v = x.first["values"]
             else:
                 with self.critic.training(), self.autocast:
-                    v = critic_values(self.critic, x.seq[rows], x.attn[rows], x.P).float()
+                    v = critic_values(self.critic, x.seq[rows], x.attn[rows], x.P, self.pack).float()
             vf_mean, vf_clipfrac = value_loss(v, x.old_values[rows], x.returns[rows], mu, self.cfg.ppo.value_clip)
             glob = self.env.all_reduce(torch.stack([(vf_mean * n_u).detach(), vf_clipfrac.to(self.device) * n_u]).to(torch.float64))
             tot += glob

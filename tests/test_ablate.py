@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 VARIANTS = ["reward scale", "reward normalize, δ=0.8"]
-STEPS = 6
+STEPS = 20  # long enough that a run past step 2 is still in flight when the kill test kills it
 
 
 def tiny_grid(tmp_path: Path, world: Path, name: str, extra_variant: str = "") -> Path:

@@ -1,5 +1,6 @@
 """MLflow store access shared by every process of the harness."""
 import multiprocessing as mp
+import sqlite3
 
 from harness import tracking
 
@@ -14,6 +15,9 @@ def test_parallel_processes_can_create_a_fresh_sqlite_store(tmp_path):
     with mp.get_context("spawn").Pool(3) as pool:
         ids = pool.map(_open_store, [uri] * 3)
     assert len(set(ids)) == 1
+    # ... and leave it in write-ahead-log mode (one sync per commit; readers never block a run's writes)
+    with sqlite3.connect(tmp_path / "fresh.db") as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_metric_logger_batches_and_drops_non_finite(tmp_path):

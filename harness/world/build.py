@@ -5,6 +5,7 @@ files, only build_info.json (timings, MLflow run id) differs between identical b
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -70,9 +71,18 @@ class World:
 
 def load_world(dir: str | Path) -> World:
     d = Path(dir)
-    build = f"python -m harness.world build --out {d}"
     if not (d / WORLD_FILE).is_file():
-        raise WorldError(f"no world at {str(d)!r} ({WORLD_FILE} missing); build one with: {build}")
+        raise WorldError(f"no world at {str(d)!r} ({WORLD_FILE} missing); build one with: "
+                         f"python -m harness.world build --out {d}")
+    # a run resolves several world: paths and its prompts: read each built world once (a rebuild
+    # rewrites world.json, and so is read anew)
+    st = (d / WORLD_FILE).stat()
+    return _load_world(d, (st.st_mtime_ns, st.st_ino, st.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_world(d: Path, version: tuple[int, int, int]) -> World:
+    build = f"python -m harness.world build --out {d}"
     meta = json.loads((d / WORLD_FILE).read_text())
     if meta.get("format") != WORLD_FORMAT:
         raise WorldError(f"world at {str(d)!r} has format {meta.get('format')!r}; this code reads format "
