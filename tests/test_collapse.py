@@ -45,3 +45,53 @@ def test_detector_state_roundtrip():
     e = CollapseDetector(CollapseConfig(patience=2, smoothing=0.0))
     e.load_state_dict(d.state_dict())
     assert e.update(3, healthy(0.1))[1].step == 2
+
+
+# -- real tiny-world runs: the rule replayed offline, and the best policy before collapse ----------
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from harness import tracking  # noqa: E402
+from harness.config import load_config  # noqa: E402
+from harness.metrics import replay  # noqa: E402
+from harness.train import BEST_POLICY, train  # noqa: E402
+from conftest import fast_overrides  # noqa: E402
+
+# every step collapsing from the first: perplexity below 100 and KL above 1e-9 (two generic signals)
+COLLAPSING = {"collapse.patience": 1, "collapse.smoothing": 0.0, "collapse.ppl_min": 100, "collapse.kl_max": 1e-9}
+
+
+@pytest.fixture(scope="module", params=["healthy", "collapsing"])
+def tiny_run(request, tiny_world, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param)
+    cfg = load_config(None, fast_overrides(tiny_world, tmp, **(COLLAPSING if request.param == "collapsing" else {})))
+    res = train(cfg)
+    assert res.status == "FINISHED" and res.collapsed == (request.param == "collapsing"), res.error
+    return cfg, res
+
+
+def test_offline_replay_of_logged_rows_fires_where_the_trainer_did(tiny_run):
+    cfg, res = tiny_run
+    uri = cfg.logging.tracking_uri
+    keys_needed = [keys.KL, keys.PPL, keys.FRAC_AT_CAP, keys.GOLD_SCORE]
+    rows: dict[int, dict] = {}
+    for k in keys_needed:
+        for step, v in tracking.metric_history(uri, res.run_id, k):
+            rows.setdefault(step, {})[k] = v
+    event = replay(cfg.collapse, sorted(rows.items()))
+    logged = tracking.metric_history(uri, res.run_id, keys.COLLAPSE_STEP)
+    assert (event is None) == (not res.collapsed) and (event is None or [(event.step, event.step)] ==
+                                                       [(s, int(v)) for s, v in logged])
+
+
+def test_best_policy_is_the_best_eval_before_collapse(tiny_run):
+    cfg, res = tiny_run
+    uri, run_dir = cfg.logging.tracking_uri, res.run_dir
+    tag = tracking.client(uri).get_run(res.run_id).data.tags[keys.TAG_BEST_STEP]
+    gold = dict(tracking.metric_history(uri, res.run_id, keys.EVAL_GOLD))  # evals at steps 0, 2, 4
+    if res.collapsed:  # the rule fired at step 1 or 2, before the eval of step 2: the SFT model (step 0) is best
+        assert res.collapse_step <= 2 and tag == "0"
+    else:
+        assert int(tag) == max(gold, key=lambda s: (gold[s], -s))
+    weights = torch.load(f"{run_dir}/{BEST_POLICY}", weights_only=True)
+    assert weights.keys() == torch.load(f"{run_dir}/ckpt/state.pt", weights_only=True)["policy"].keys()
