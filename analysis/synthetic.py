@@ -32,6 +32,10 @@ class Curve:
     noise: float = 0.02
     seed_spread: float = 0.0
     """Per-seed offset scale added to reward and KL (wide = claims turn inconclusive)."""
+    gold_fall: float = 0.2
+    """Gold lost per step after `collapse_at` (0: gold holds while the indicators collapse)."""
+    ppl_spikes: bool = False
+    """Per-sample perplexity jumps to 50 on odd steps (one unlikely short response); the token-pooled one does not."""
 
 
 def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, seed_offset: float,
@@ -44,6 +48,7 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
     kl = curve.kl_slope * t + 0.05 * after + 0.1 * seed_offset + e(0.1)
     ppl = max(1.002, 3.0 - 0.8 * frac - 0.3 * after) + e(0.1)
     ppl_tokens = max(1.001, 0.95 * ppl)
+    ppl = 50.0 if curve.ppl_spikes and step % 2 else ppl
     length = min(LENGTH_CAP, 10 + 4 * frac + 2.0 * after) + e(5)
     m = {
         K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens,
@@ -54,7 +59,7 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
         K.APPROX_KL: 0.001 + abs(e(0.05)),
     }
     if gold:
-        m[K.GOLD_SCORE] = 0.3 + 0.5 * curve.reward_slope * t - 0.2 * after + e()
+        m[K.GOLD_SCORE] = 0.3 + 0.5 * curve.reward_slope * t - curve.gold_fall * after + e()
     return m
 
 

@@ -48,6 +48,7 @@ def test_detector_state_roundtrip():
 
 
 # -- real tiny-world runs: the rule replayed offline, and the best policy before collapse ----------
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -95,3 +96,44 @@ def test_best_policy_is_the_best_eval_before_collapse(tiny_run):
         assert int(tag) == max(gold, key=lambda s: (gold[s], -s))
     weights = torch.load(f"{run_dir}/{BEST_POLICY}", weights_only=True)
     assert weights.keys() == torch.load(f"{run_dir}/ckpt/state.pt", weights_only=True)["policy"].keys()
+
+
+# -- the rule scored against gold (analysis.collapse_rule) on a synthetic store ---------------------
+from analysis import collapse_rule  # noqa: E402
+from analysis.synthetic import Curve, write_ablation  # noqa: E402
+
+CURRENT, TOKENS = collapse_rule.RULES
+
+
+def test_gold_fall_is_the_first_step_of_the_ema_streak_below_sft():
+    cfg = CollapseConfig(smoothing=0.5, patience=2)
+    # EMA 1, 1, 0, -0.5, -0.75: below 0 from step 4 (0 itself is not below)
+    assert collapse_rule.gold_fall(list(enumerate([1, 1, -1, -1, -1], 1)), 0.0, cfg) == 4
+    assert collapse_rule.gold_fall(list(enumerate([1, -1, 1, -1], 1)), 0.0, cfg) is None
+
+
+def test_lead_misses_and_false_alarms_on_a_synthetic_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    write_ablation(uri, "rule", "4", {
+        "healthy": Curve(),
+        "collapses": Curve(collapse_at=30),  # gold falls fast: both rules fire, gold falls
+        "gold holds": Curve(collapse_at=30, gold_fall=0.0),  # indicators collapse, gold does not: false alarm
+        # gold sinks slowly (never 0.5 below its best); per-sample perplexity spikes hide the fall: only the
+        # token-pooled rule sees perplexity and length together
+        "spiky": Curve(reward_slope=0.0, kl_slope=0.0, collapse_at=30, gold_fall=0.01, ppl_spikes=True),
+    }, seeds=[0], steps=70, sample_every=0)
+    t = collapse_rule.run_table(uri).set_index("variant")
+    assert t.loc["healthy", ["gold_fell", CURRENT, TOKENS]].isna().all()
+    assert t.loc["collapses", ["gold_fell", CURRENT, TOKENS]].notna().all()
+    assert t.loc["gold holds", "gold_fell"] != t.loc["gold holds", "gold_fell"]  # NaN: never fell
+    assert t.loc["gold holds", [CURRENT, TOKENS]].notna().all()
+    assert pd.isna(t.loc["spiky", CURRENT]) and t.loc["spiky", ["gold_fell", TOKENS]].notna().all()
+    s = collapse_rule.score(t.reset_index())
+    assert (s[CURRENT]["misses"], s[CURRENT]["false alarms"], s[CURRENT]["hits"]) == (1, 1, 1)
+    assert (s[TOKENS]["misses"], s[TOKENS]["false alarms"], s[TOKENS]["hits"]) == (0, 1, 2)
+    lead = t.loc["collapses", "gold_fell"] - t.loc["collapses", CURRENT]
+    assert s[CURRENT]["lead median"] == s[CURRENT]["lead min"] == lead
+    assert collapse_rule.better(s) == TOKENS
+    s[TOKENS]["misses"] = 1  # equal errors and lead: no choice
+    s[TOKENS]["lead median"] = s[CURRENT]["lead median"]
+    assert collapse_rule.better(s) is None
