@@ -95,7 +95,7 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
             offset = float(rng.normal(0, curve.seed_spread)) if curve.seed_spread else 0.0
             rid = tracking.start_run(tracking_uri, name, f"{name}-{vi}-s{seed}", parent_run_id=parent, tags={
                 K.TAG_ROLE: "train", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant,
-                K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic",
+                K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic", "provenance.commit": "synthetic",
             })
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
             after = (lambda s: max(0, s - curve.collapse_at)) if collapsed else (lambda s: 0)  # noqa: E731
@@ -118,7 +118,11 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
                     rm[:16] += rng.exponential(0.5 + 0.4 * min(after(s), 10), 16)  # Fig. 13's long tail
                     tracking.log_json_artifact(tracking_uri, rid, {"step": s, "rm": rm.tolist(), "gold": []},
                                                f"{K.EVAL_SCORES_DIR}/rm_scores_step_{s:06d}.json")
-            tracking.set_tags(tracking_uri, rid, {K.TAG_COLLAPSED: str(collapsed).lower()})
+            tags = {K.TAG_COLLAPSED: str(collapsed).lower()}
+            if eval_every and gold:  # the best eval gold before collapse, as harness.train keeps it
+                evals = [s for s in range(eval_every, steps + 1, eval_every) if not after(s)]
+                tags[K.TAG_BEST_STEP] = str(max(evals, key=lambda s: per_step[s][K.GOLD_SCORE], default=0))
+            tracking.set_tags(tracking_uri, rid, tags)
             tracking.end_run(tracking_uri, rid)
     tracking.end_run(tracking_uri, parent)
     return parent

@@ -1,0 +1,96 @@
+"""The reference results' text forms (`python -m reports.build --reference`): reference.json, compact
+and stable (sorted keys, floats to 4 significant digits; analysis.compare reads it), and
+README.md, README.template.md's prose followed by a results section written from that summary.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis import collapse_rule
+from analysis.compare import rounded, summarize
+from harness import provenance
+
+TEMPLATE = Path(__file__).with_name("README.template.md")
+MARK = "<!-- results: written by reports.build --reference -->"
+
+
+def reference_summary(sections: list, tracking_uri: str) -> dict[str, Any]:
+    """Per figure `summarize`, the collapse rule scored on every run of the store, the runs'
+    provenance (each provenance tag: its one value, or the sorted distinct values)."""
+    figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
+    seen: dict[str, set] = {}
+    for s in sections:
+        for tags in s.data.runs["provenance"]:
+            for k, v in tags.items():
+                seen.setdefault(k, set()).add(v)
+    scores = collapse_rule.score_store(tracking_uri)
+    scores["rules"] = {r: {k: rounded(v) for k, v in s.items()} for r, s in scores["rules"].items()}
+    return {"figures": figures, "collapse_rule": scores, "built_at_commit": provenance.commit(),
+            "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
+
+
+def _row(cells: list[Any]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |"
+
+
+def _num(x: Any) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def figure_text(name: str, f: dict) -> list[str]:
+    """One figure: runs, inferred settings, the claims table, per variant collapses and best steps."""
+    commits = ", ".join(f["run_commits"]) or "unknown"
+    title = f["title"] if f["title"].startswith("Fig") else f"Fig. {f['figure']}: {f['title']}"
+    out = [f"### {title} (`{name}`)", "",
+           f"{sum(v['n'] for v in f['variants'].values())} runs, code {commits}. "
+           + ("Inferred (not stated by the paper): " + "; ".join(f["inferred"]) if f["inferred"] else
+              "No inferred settings."), ""]
+    if f["claims"]:
+        out += [_row(["claim", "source", "verdict", "n", "statistic [95% CI]", "p", "not detectable below"]),
+                _row(["---"] * 7)]
+        for c in f["claims"]:
+            est = (f"{c['statistic']} {_num(c.get('estimate'))} [{_num(c.get('ci_low'))}, {_num(c.get('ci_high'))}]"
+                   if "statistic" in c else c.get("reason", "–"))
+            out.append(_row([c["claim"], c["source"], f"**{c['verdict']}**", c.get("n", "–"), est,
+                             _num(c.get("p_value")), _num(c.get("min_detectable"))]))
+        out.append("")
+    out.append("Per variant (seeds, collapsed, step of the best held-out eval before collapse per seed): " + "; ".join(
+        f"{v}: {d['n']}, {d['collapsed']}/{d['n']}" + (f", best at {', '.join(map(str, d['best_step']))}"
+                                                       if d["best_step"] else "")
+        for v, d in f["variants"].items()) + ".")
+    return out + [""]
+
+
+def collapse_text(c: dict) -> list[str]:
+    out = ["### The collapse rule against the gold reward", "",
+           _row(["rule", "runs with gold", "gold fell", "hits", "lead median (range), steps", "misses", "false alarms"]),
+           _row(["---"] * 7)]
+    for rule, s in c["rules"].items():
+        lead = f"{_num(s['lead median'])} ({_num(s['lead min'])} to {_num(s['lead max'])})"
+        out.append(_row([rule, s["runs"], s["gold fell"], s["hits"], lead, s["misses"], s["false alarms"]]))
+    choice = c["better"] or "neither (no runs with gold, or a tie)"
+    return out + ["", f"Better by these numbers: {choice}. The trainer's rule uses the per-sample perplexity "
+                      "until a reference store's numbers say otherwise (`harness/metrics.py`, `ppl_key`).", ""]
+
+
+def readme(summary: dict) -> str:
+    """README.template.md with the results section: per figure, the collapse rule, the provenance."""
+    verdicts = [c["verdict"] for f in summary["figures"].values() for c in f["claims"]]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts))) or "no claims"
+    lines = ["## Results", "", f"Built at commit {summary['built_at_commit']} from the runs below; claims: {counts}.",
+             ""]
+    for name, f in summary["figures"].items():  # the sections' order: the paper's
+        lines += figure_text(name, f)
+    lines += collapse_text(summary["collapse_rule"]) + ["### Provenance of the runs", ""]
+    lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
+    return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
+
+
+def write_reference(sections: list, tracking_uri: str, out: Path) -> dict[str, Any]:
+    """OUT/reference.json and OUT/README.md; returns the summary."""
+    summary = reference_summary(sections, tracking_uri)
+    (out / "reference.json").write_text(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    (out / "README.md").write_text(readme(summary))
+    return summary
