@@ -104,6 +104,18 @@ def load_reference(path: str | Path) -> dict:
                          "it is written by `python -m reports.build --reference`") from None
 
 
+def after_run(name: str, tracking_uri: str) -> None:
+    """The main job's last step: compare the figure just run when the reference holds it."""
+    try:
+        held = name in load_reference(REFERENCE)
+    except ValueError:
+        held = False
+    if held:
+        main([name, "--tracking-uri", tracking_uri])
+    else:
+        print(f"{REFERENCE} holds no reference results for {name}: nothing to compare")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.compare", parents=[STORE_OPTIONS], description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -11,6 +11,7 @@ from typing import Any
 from analysis import collapse_rule
 from analysis.compare import rounded, summarize
 from harness import provenance
+from harness.summary import fmt
 
 TEMPLATE = Path(__file__).with_name("README.template.md")
 MARK = "<!-- results: written by reports.build --reference -->"
@@ -35,10 +36,6 @@ def _row(cells: list[Any]) -> str:
     return "| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |"
 
 
-def _num(x: Any) -> str:
-    return "–" if x is None else f"{x:.3g}"
-
-
 def figure_text(name: str, f: dict) -> list[str]:
     """One figure: runs, inferred settings, the claims table, per variant collapses and best steps."""
     commits = ", ".join(f["run_commits"]) or "unknown"
@@ -51,10 +48,10 @@ def figure_text(name: str, f: dict) -> list[str]:
         out += [_row(["claim", "source", "verdict", "n", "statistic [95% CI]", "p", "not detectable below"]),
                 _row(["---"] * 7)]
         for c in f["claims"]:
-            est = (f"{c['statistic']} {_num(c.get('estimate'))} [{_num(c.get('ci_low'))}, {_num(c.get('ci_high'))}]"
+            est = (f"{c['statistic']} {fmt(c.get('estimate'))} [{fmt(c.get('ci_low'))}, {fmt(c.get('ci_high'))}]"
                    if "statistic" in c else c.get("reason", "–"))
             out.append(_row([c["claim"], c["source"], f"**{c['verdict']}**", c.get("n", "–"), est,
-                             _num(c.get("p_value")), _num(c.get("min_detectable"))]))
+                             fmt(c.get("p_value")), fmt(c.get("min_detectable"))]))
         out.append("")
     out.append("Per variant (seeds, collapsed, step of the best held-out eval before collapse per seed): " + "; ".join(
         f"{v}: {d['n']}, {d['collapsed']}/{d['n']}" + (f", best at {', '.join(map(str, d['best_step']))}"
@@ -68,7 +65,7 @@ def collapse_text(c: dict) -> list[str]:
            _row(["rule", "runs with gold", "gold fell", "hits", "lead median (range), steps", "misses", "false alarms"]),
            _row(["---"] * 7)]
     for rule, s in c["rules"].items():
-        lead = f"{_num(s['lead median'])} ({_num(s['lead min'])} to {_num(s['lead max'])})"
+        lead = f"{fmt(s['lead median'])} ({fmt(s['lead min'])} to {fmt(s['lead max'])})"
         out.append(_row([rule, s["runs"], s["gold fell"], s["hits"], lead, s["misses"], s["false alarms"]]))
     choice = c["better"] or "neither (no runs with gold, or a tie)"
     return out + ["", f"Better by these numbers: {choice}. The trainer's rule uses the per-sample perplexity "

@@ -72,3 +72,14 @@ def test_bad_input_exits_2_with_a_message(stores, capsys, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     rc = main(["--tracking-uri", stores["same"], "--reference", str(tmp_path / "bad.json")])
     assert rc == 2 and "not a reference summary" in capsys.readouterr().err
+
+
+def test_after_the_main_job_the_figure_just_run_is_compared_when_the_reference_has_it(stores, capsys, monkeypatch):
+    import analysis.compare as compare
+
+    monkeypatch.setattr(compare, "REFERENCE", stores["root"] / "reference.json")
+    compare.after_run("apa", stores["other"])
+    assert "holds no reference results for apa: nothing to compare" in capsys.readouterr().out
+    compare.after_run("kl_eta", stores["same"])  # the repo's registry: its claims, matched by statement
+    out = capsys.readouterr().out
+    assert "kl_eta (Fig. 15): 15 runs" in out and re.search(r"\d+ of \d+ claims agree, \d of 9 metrics in band", out)
