@@ -27,7 +27,7 @@ from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
 from harness.metrics import replay
-from harness.summary import reduce_run
+from harness.summary import fmt, reduce_run
 
 RULES = {"per-sample perplexity (current)": K.PPL, "token-pooled perplexity": K.PPL_TOKENS}
 """Each scored rule: its perplexity indicator."""
@@ -101,9 +101,24 @@ def better(scores: dict[str, dict]) -> str | None:
 
 
 def score_store(tracking_uri: str) -> dict:
-    """`score` of every run in the store, and `better`'s choice."""
+    """`score` of every run in the store (4 significant digits), and `better`'s choice."""
     s = score(run_table(tracking_uri))
-    return {"rules": s, "better": better(s)}
+    return {"rules": {r: {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in x.items()}
+                      for r, x in s.items()}, "better": better(s)}
+
+
+def table_rows(scores: dict) -> list[list[str]]:
+    """`score_store`'s numbers as a table (header first) for the reports."""
+    rows = [["rule", "runs with gold", "gold fell", "hits", "lead median (range), steps", "misses", "false alarms"]]
+    for rule, s in scores["rules"].items():
+        lead = "–" if s["lead median"] is None else f"{fmt(s['lead median'])} ({fmt(s['lead min'])} to {fmt(s['lead max'])})"
+        rows.append([rule, *(str(s[k]) for k in ("runs", "gold fell", "hits")), lead, str(s["misses"]),
+                     str(s["false alarms"])])
+    return rows
+
+
+CHOICE = ("the trainer's rule keeps the per-sample perplexity until a store of real runs says otherwise "
+          "(harness.metrics.CollapseDetector's ppl_key)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     args = ap.parse_args(argv)
     result = score_store(args.tracking_uri or default_tracking_uri())
-    for rule, s in result["rules"].items():
-        print(f"{rule}: {s}")
-    print(f"better by these numbers: {result['better'] or 'neither (no gold fell, or a tie)'}")
+    for row in table_rows(result):
+        print(" | ".join(row))
+    print(f"better by these numbers: {result['better'] or 'neither (no runs, or a tie)'}; {CHOICE}")
     return 0
 
 

@@ -33,6 +33,7 @@ from reportlab.platypus import (
     CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
 )
 
+from analysis import collapse_rule
 from analysis.claims import check_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED
@@ -342,8 +343,19 @@ def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures:
     return sec
 
 
-def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> Path:
-    """A title page (naming the ablation of a one-section report), contents, then every section."""
+def collapse_flowables(scores: dict, st) -> list:
+    """The combined report's last page: the collapse rule against the gold reward (analysis.collapse_rule)."""
+    rows = collapse_rule.table_rows(scores)
+    note = ("Every train run of the store that logs gold and both perplexities; gold fell: its EMA stays below the "
+            "SFT model's mean gold for collapse.patience steps; lead = gold-fall step − rule step (definitions: "
+            f"analysis/collapse_rule.py). Better by these numbers: {scores['better'] or 'neither (no runs, or a tie)'}; "
+            f"{collapse_rule.CHOICE}.")
+    return [P("The collapse rule against the gold reward", st["h1"]),
+            table(rows, [0.25, 0.1, 0.1, 0.08, 0.23, 0.1, 0.14], st), P(note, st["note"])]
+
+
+def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st, extra: list | None = None) -> Path:
+    """A title page (naming the ablation of a one-section report), contents, every section, `extra`."""
     one = len(sections) == 1
     title = f"Ablation report: {sections[0].spec.title}" if one else "Secrets of RLHF: PPO ablation report"
     story: list = [Spacer(1, 3 * cm), P(title, st["title"]), Spacer(1, 0.4 * cm),
@@ -360,6 +372,7 @@ def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> 
     story.append(PageBreak())
     for s in sections:
         story += s.flowables(st)
+    story += (extra or []) + ([PageBreak()] if extra else [])
     label = "harness report" + (f" · {sections[0].spec.name}" if one else "")
 
     def footer(canvas, doc):
@@ -416,9 +429,10 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
-    combined = write_pdf(out / COMBINED, sections, info, st) if whole else None
+    scores = collapse_rule.score_store(uri) if whole or reference else {}
+    combined = write_pdf(out / COMBINED, sections, info, st, collapse_flowables(scores, st)) if whole else None
     if reference:
-        write_reference(sections, uri, out)
+        write_reference(sections, scores, out)
     return BuildResult(reports, combined, errors, skipped)
 
 

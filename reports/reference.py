@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import collapse_rule
-from analysis.compare import rounded, summarize
+from analysis.compare import summarize
 from harness import provenance
 from harness.summary import fmt
 
@@ -17,18 +17,17 @@ TEMPLATE = Path(__file__).with_name("README.template.md")
 MARK = "<!-- results: written by reports.build --reference -->"
 
 
-def reference_summary(sections: list, tracking_uri: str) -> dict[str, Any]:
-    """Per figure `summarize`, the collapse rule scored on every run of the store, the runs'
-    provenance (each provenance tag: its one value, or the sorted distinct values)."""
+def reference_summary(sections: list, collapse: dict) -> dict[str, Any]:
+    """Per figure `summarize`, the collapse rule scored on every run of the store
+    (analysis.collapse_rule.score_store), the runs' provenance (each provenance tag: its one value,
+    or the sorted distinct values)."""
     figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
     seen: dict[str, set] = {}
     for s in sections:
         for tags in s.data.runs["provenance"]:
             for k, v in tags.items():
                 seen.setdefault(k, set()).add(v)
-    scores = collapse_rule.score_store(tracking_uri)
-    scores["rules"] = {r: {k: rounded(v) for k, v in s.items()} for r, s in scores["rules"].items()}
-    return {"figures": figures, "collapse_rule": scores, "built_at_commit": provenance.commit(),
+    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
 
 
@@ -61,15 +60,10 @@ def figure_text(name: str, f: dict) -> list[str]:
 
 
 def collapse_text(c: dict) -> list[str]:
-    out = ["### The collapse rule against the gold reward", "",
-           _row(["rule", "runs with gold", "gold fell", "hits", "lead median (range), steps", "misses", "false alarms"]),
-           _row(["---"] * 7)]
-    for rule, s in c["rules"].items():
-        lead = f"{fmt(s['lead median'])} ({fmt(s['lead min'])} to {fmt(s['lead max'])})"
-        out.append(_row([rule, s["runs"], s["gold fell"], s["hits"], lead, s["misses"], s["false alarms"]]))
-    choice = c["better"] or "neither (no runs with gold, or a tie)"
-    return out + ["", f"Better by these numbers: {choice}. The trainer's rule uses the per-sample perplexity "
-                      "until a reference store's numbers say otherwise (`harness/metrics.py`, `ppl_key`).", ""]
+    rows = collapse_rule.table_rows(c)
+    return (["### The collapse rule against the gold reward", "", _row(rows[0]), _row(["---"] * len(rows[0]))]
+            + [_row(r) for r in rows[1:]]
+            + ["", f"Better by these numbers: {c['better'] or 'neither (no runs, or a tie)'}; {collapse_rule.CHOICE}.", ""])
 
 
 def readme(summary: dict) -> str:
@@ -85,9 +79,9 @@ def readme(summary: dict) -> str:
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
 
 
-def write_reference(sections: list, tracking_uri: str, out: Path) -> dict[str, Any]:
+def write_reference(sections: list, collapse: dict, out: Path) -> dict[str, Any]:
     """OUT/reference.json and OUT/README.md; returns the summary."""
-    summary = reference_summary(sections, tracking_uri)
+    summary = reference_summary(sections, collapse)
     (out / "reference.json").write_text(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     (out / "README.md").write_text(readme(summary))
     return summary

@@ -136,9 +136,10 @@ def test_sweep_section_from_sweep_plots(built):
 def test_combined_report_has_all_sections_in_paper_order(built):
     pages, text = pdf_text(built["res"].combined)
     per_ablation = sum(pdf_text(p)[0] - 1 for p in built["res"].reports.values())  # minus their title pages
-    assert pages == per_ablation + 1
+    assert pages == per_ablation + 2  # the title page and the collapse rule's page
     order = [text.index(t) for t in ("Fig. 2: RM score difference", "Fig. 4: vanilla PPO collapses",
-                                     "Fig. 15: KL penalty eta", "Sweep: delta_r x eta")]
+                                     "Fig. 15: KL penalty eta", "Sweep: delta_r x eta",
+                                     "The collapse rule against the gold reward")]
     assert order == sorted(order) and "Contents" in text
 
 
