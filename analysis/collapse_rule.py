@@ -1,5 +1,5 @@
 """The collapse rule (harness.metrics) scored against the gold reward over every train run of a store
-(`score_store`; reports.build prints it, `python -m analysis.collapse_rule` on the terminal).
+(`score_store`; printed by reports.build: the combined report's last page, reports/README.md).
 
 - Gold fell (the truth the world knows): the EMA (factor collapse.smoothing) of the per-step gold
   score (objective/gold_score) stays below the SFT model's mean gold for collapse.patience steps in
@@ -15,14 +15,12 @@ Only runs that log gold and both perplexities count, so both rules are scored on
 """
 from __future__ import annotations
 
-import argparse
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.store import STORE_OPTIONS, default_tracking_uri
 from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
@@ -119,18 +117,3 @@ def table_rows(scores: dict) -> list[list[str]]:
 
 CHOICE = ("the trainer's rule keeps the per-sample perplexity until a store of real runs says otherwise "
           "(harness.metrics.CollapseDetector's ppl_key)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.collapse_rule", parents=[STORE_OPTIONS], description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    args = ap.parse_args(argv)
-    result = score_store(args.tracking_uri or default_tracking_uri())
-    for row in table_rows(result):
-        print(" | ".join(row))
-    print(f"better by these numbers: {result['better'] or 'neither (no runs, or a tie)'}; {CHOICE}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
