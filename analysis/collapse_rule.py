@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
 from harness.metrics import replay
+from harness.schema import parse_value
 from harness.summary import fmt, reduce_run
 
 RULES = {"per-sample perplexity (current)": K.PPL, "token-pooled perplexity": K.PPL_TOKENS}
@@ -51,7 +51,7 @@ def _run_row(uri: str, run) -> dict | None:
     rows = {s: m for s, m in sorted(rows.items()) if len(m) == len(NEEDED)}
     if not rows:
         return None
-    params = {k.split(".", 1)[1]: yaml.safe_load(v) for k, v in run.data.params.items() if k.startswith("collapse.")}
+    params = {k.split(".", 1)[1]: parse_value(v) for k, v in run.data.params.items() if k.startswith("collapse.")}
     cfg = from_dict(params, CollapseConfig)
     gold = [(s, m[K.GOLD_SCORE]) for s, m in rows.items()]
     sft = dict(tracking.metric_history(uri, run.info.run_id, K.EVAL_GOLD)).get(0)

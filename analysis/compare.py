@@ -53,13 +53,13 @@ def _metrics(data: AblationData) -> list[tuple[str, str]]:
 
 
 def summarize(data: AblationData, claims: pd.DataFrame | None = None) -> dict[str, Any]:
-    """One figure: per variant n, collapsed, best eval steps and per-seed numbers; per claim its test
-    (`claims`: analysis.claims.check_claims of `data`, when already computed)."""
+    """One figure: per variant n, seeds, collapsed, best eval steps and per-seed numbers (seed order);
+    per claim its test (`claims`: analysis.claims.check_claims of `data`, when already computed)."""
     variants: dict[str, dict] = {}
     for v in data.variants:
         runs = data.runs[data.runs["variant"] == v]
-        variants[v] = {"n": len(runs), "collapsed": int(runs["collapsed"].sum()), "metrics": {},
-                       "best_step": [int(s) for s in runs["best_step"] if s == s]}
+        variants[v] = {"n": len(runs), "seeds": sorted(map(int, runs["seed"])), "metrics": {},
+                       "collapsed": int(runs["collapsed"].sum()), "best_step": [int(s) for s in runs["best_step"] if s == s]}
     for metric, stat in _metrics(data):
         per_run = data.per_run(metric, stat)
         for v, group in per_run.groupby("variant"):

@@ -83,6 +83,9 @@ def test_offline_replay_of_logged_rows_fires_where_the_trainer_did(tiny_run):
     logged = tracking.metric_history(uri, res.run_id, keys.COLLAPSE_STEP)
     assert (event is None) == (not res.collapsed) and (event is None or [(event.step, event.step)] ==
                                                        [(s, int(v)) for s, v in logged])
+    # the scoring reads the run's own collapse settings back from its params (kl_max 1e-09 is no YAML 1.1 float)
+    fired = collapse_rule.run_table(uri).set_index("run_id").loc[res.run_id, CURRENT]
+    assert (pd.isna(fired) and event is None) or fired == event.step
 
 
 def test_best_policy_is_the_best_eval_before_collapse(tiny_run):
