@@ -20,7 +20,7 @@ def stores(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "compare")
     registry = write_registry(root / "ablations")
     uris = {k: f"sqlite:///{root / f'{k}.db'}" for k in ("ref", "same", "other")}
-    write_ablation(uris["ref"], "kl_eta", "15", KL_CURVES, seeds=range(5), steps=20)
+    write_ablation(uris["ref"], "kl_eta", "15", KL_CURVES, seeds=range(5), steps=20, eval_every=5)
     write_ablation(uris["ref"], "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=range(5), steps=20)
     ref = {"figures": {n: summarize(load_ablation(n, uris["ref"], registry)) for n in ("kl_eta", "vanilla")}}
     (root / "reference.json").write_text(json.dumps(ref))
@@ -37,6 +37,12 @@ def run(stores, store, *names, capsys):
                "--ablations-dir", str(stores["registry"])])
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+def test_reference_summary_holds_per_seed_numbers_and_best_steps(stores):
+    eta = json.loads((stores["root"] / "reference.json").read_text())["figures"]["kl_eta"]["variants"][ETAS[0]]
+    assert eta["n"] == 5 and eta["seeds"] == [0, 1, 2, 3, 4] and len(eta["metrics"]["final objective/kl"]) == 5
+    assert len(eta["best_step"]) == 5 and set(eta["best_step"]) <= {5, 10, 15, 20}  # the eval steps
 
 
 def test_band_is_the_seed_range_widened_by_the_standard_error():
