@@ -35,7 +35,7 @@ REFERENCE = REPO_ROOT / "reports" / "reference.json"
 BASE_METRICS = {"train": [(K.RM_SCORE, "final"), (K.GOLD_SCORE, "final"), (K.KL, "final")],
                 "world": [(K.RM_EVAL_ACC, "final")]}
 """Summary numbers kept for every figure of a kind, beside those its claims use."""
-CLAIM_FIELDS = ["claim", "source", "verdict", "n", "statistic", "estimate", "ci_low", "ci_high", "p_value",
+CLAIM_FIELDS = ["claim", "source", "verdict", "n", "statistic", "estimate", "ci_low", "ci_high", "level", "p_value",
                 "effect_size", "min_detectable", "reason"]
 
 

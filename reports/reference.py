@@ -38,19 +38,19 @@ def _row(cells: list[Any]) -> str:
 def figure_text(name: str, f: dict) -> list[str]:
     """One figure: runs, inferred settings, the claims table, per variant collapses and best steps."""
     commits = ", ".join(f["run_commits"]) or "unknown"
-    title = f["title"] if f["title"].startswith("Fig") else f"Fig. {f['figure']}: {f['title']}"
-    out = [f"### {title} (`{name}`)", "",
+    out = [f"### {f['title']} (`{name}`)", "",
            f"{sum(v['n'] for v in f['variants'].values())} runs, code {commits}. "
            + ("Inferred (not stated by the paper): " + "; ".join(f["inferred"]) if f["inferred"] else
               "No inferred settings."), ""]
     if f["claims"]:
-        out += [_row(["claim", "source", "verdict", "n", "statistic [95% CI]", "p", "not detectable below"]),
+        out += [_row(["claim", "source", "verdict", "n", "statistic [CI]", "p", "not detectable below"]),
                 _row(["---"] * 7)]
         for c in f["claims"]:
-            est = (f"{c['statistic']} {fmt(c.get('estimate'))} [{fmt(c.get('ci_low'))}, {fmt(c.get('ci_high'))}]"
-                   if "statistic" in c else c.get("reason", "–"))
-            out.append(_row([c["claim"], c["source"], f"**{c['verdict']}**", c.get("n", "–"), est,
-                             fmt(c.get("p_value")), fmt(c.get("min_detectable"))]))
+            est = (f"{c['statistic']} {fmt(c.get('estimate'))} [{fmt(c.get('ci_low'))}, {fmt(c.get('ci_high'))}] "
+                   f"({c['level']:.0%} CI)" if "level" in c and "estimate" in c else "–")
+            verdict = f"**{c['verdict']}**" + (f": {c['reason']}" if c.get("reason") else "")
+            out.append(_row([c["claim"], c["source"], verdict, c.get("n", "–"), est, fmt(c.get("p_value")),
+                             fmt(c.get("min_detectable"))]))
         out.append("")
     out.append("Per variant (seeds, collapsed, step of the best held-out eval before collapse per seed): " + "; ".join(
         f"{v}: {d['n']}, {d['collapsed']}/{d['n']}" + (f", best at {', '.join(map(str, d['best_step']))}"

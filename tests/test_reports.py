@@ -212,6 +212,6 @@ def test_default_output_is_results_only_and_reference_writes_summary_and_readme(
     readme = (tmp_path / "ref" / "README.md").read_text()
     # the committed prose, then results written from the summary: the claim with its section, verdict and n
     assert readme.startswith("# Reports") and "<!-- results" not in readme
-    assert "| Vanilla PPO collapses. | paper 5.2 | **inconclusive** | 2 |" in readme
+    assert "| Vanilla PPO collapses. | paper 5.2 | **inconclusive**: fewer than 5 runs per variant: no verdict | 2 |" in readme
     assert "Inferred (not stated by the paper): Two seeds stand for the paper's one run." in readme
     assert "### The collapse rule against the gold reward" in readme and "- commit: synthetic" in readme
