@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 from itertools import combinations
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -193,7 +192,6 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.claims", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablation", help="registry name or YAML path (its `claims:` are checked)")
-    ap.add_argument("--out", help="also write OUT/<ablation>/claims.csv")
     args = ap.parse_args(argv)
     try:
         data = load_ablation(args.ablation, args.tracking_uri, args.ablations_dir)
@@ -206,11 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     for r in table.itertuples():
         print(f"[{r.verdict}] {r.claim} ({r.source})\n    rule: {r.rule}\n    test: {r.test}\n    numbers: "
               f"{r.numbers or '–'}" + (f"\n    note: {r.reason}" if r.reason else ""))
-    if args.out and not table.empty:
-        path = Path(args.out) / data.name / "claims.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(path, index=False)
-        print(f"wrote {path}")
     return 0
 
 

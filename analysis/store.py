@@ -29,8 +29,8 @@ from harness.schema import did_you_mean
 from harness.summary import reduce_run
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
-RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "start_time", "figure",
-               "git_commit", "experiment", "metric_keys"]
+RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "best_step", "start_time", "figure",
+               "git_commit", "experiment", "metric_keys", "provenance"]
 METRIC_COLUMNS = ["run_id", "variant", "seed", "metric", "step", "value"]
 SAMPLE_COLUMNS = ["variant", "seed", "run_id", "step", "collapsed", "prompt", "response", "rm_score", "gold_score",
                   "length"]
@@ -56,15 +56,17 @@ def _search(tracking_uri: str, experiment: str, filter_string: str = "") -> list
 
 def _run_row(run, experiment: str) -> dict[str, Any]:
     tags = run.data.tags
-    step = run.data.metrics.get(K.COLLAPSE_STEP)
+    step, best = run.data.metrics.get(K.COLLAPSE_STEP), tags.get(K.TAG_BEST_STEP, "")
     seed = tags.get(K.TAG_SEED, "")
     return {
         "run_id": run.info.run_id, "variant": tags.get(K.TAG_VARIANT, run.info.run_name),
         "seed": int(seed) if seed.lstrip("-").isdigit() else 0, "status": run.info.status,
         "collapsed": tags.get(K.TAG_COLLAPSED, "").lower() == "true" or step is not None,
-        "collapse_step": float("nan") if step is None else float(step), "start_time": run.info.start_time,
+        "collapse_step": float("nan") if step is None else float(step),
+        "best_step": float(best) if best else float("nan"), "start_time": run.info.start_time,
         "figure": tags.get(K.TAG_FIGURE, ""), "git_commit": tags.get(K.TAG_COMMIT, ""), "experiment": experiment,
         "metric_keys": set(run.data.metrics),
+        "provenance": {k.removeprefix("provenance."): v for k, v in tags.items() if k.startswith("provenance.")},
     }
 
 

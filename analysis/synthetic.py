@@ -32,6 +32,10 @@ class Curve:
     noise: float = 0.02
     seed_spread: float = 0.0
     """Per-seed offset scale added to reward and KL (wide = claims turn inconclusive)."""
+    gold_fall: float = 0.2
+    """Gold lost per step after `collapse_at` (0: gold holds while the indicators collapse)."""
+    ppl_spikes: bool = False
+    """Per-sample perplexity jumps to 50 on odd steps (one unlikely short response); the token-pooled one does not."""
 
 
 def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, seed_offset: float,
@@ -44,6 +48,7 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
     kl = curve.kl_slope * t + 0.05 * after + 0.1 * seed_offset + e(0.1)
     ppl = max(1.002, 3.0 - 0.8 * frac - 0.3 * after) + e(0.1)
     ppl_tokens = max(1.001, 0.95 * ppl)
+    ppl = 50.0 if curve.ppl_spikes and step % 2 else ppl
     length = min(LENGTH_CAP, 10 + 4 * frac + 2.0 * after) + e(5)
     m = {
         K.RM_SCORE: reward, K.RM_SCORE_STD: 0.5, K.KL: kl, K.KL_K3: abs(kl), K.PPL: ppl, K.PPL_TOKENS: ppl_tokens,
@@ -54,7 +59,7 @@ def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, 
         K.APPROX_KL: 0.001 + abs(e(0.05)),
     }
     if gold:
-        m[K.GOLD_SCORE] = 0.3 + 0.5 * curve.reward_slope * t - 0.2 * after + e()
+        m[K.GOLD_SCORE] = 0.3 + 0.5 * curve.reward_slope * t - curve.gold_fall * after + e()
     return m
 
 
@@ -90,7 +95,7 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
             offset = float(rng.normal(0, curve.seed_spread)) if curve.seed_spread else 0.0
             rid = tracking.start_run(tracking_uri, name, f"{name}-{vi}-s{seed}", parent_run_id=parent, tags={
                 K.TAG_ROLE: "train", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant,
-                K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic",
+                K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic", "provenance.commit": "synthetic",
             })
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
             after = (lambda s: max(0, s - curve.collapse_at)) if collapsed else (lambda s: 0)  # noqa: E731
@@ -113,7 +118,11 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
                     rm[:16] += rng.exponential(0.5 + 0.4 * min(after(s), 10), 16)  # Fig. 13's long tail
                     tracking.log_json_artifact(tracking_uri, rid, {"step": s, "rm": rm.tolist(), "gold": []},
                                                f"{K.EVAL_SCORES_DIR}/rm_scores_step_{s:06d}.json")
-            tracking.set_tags(tracking_uri, rid, {K.TAG_COLLAPSED: str(collapsed).lower()})
+            tags = {K.TAG_COLLAPSED: str(collapsed).lower()}
+            if eval_every and gold:  # the best eval gold before collapse, as harness.train keeps it
+                evals = [s for s in range(eval_every, steps + 1, eval_every) if not after(s)]
+                tags[K.TAG_BEST_STEP] = str(max(evals, key=lambda s: per_step[s][K.GOLD_SCORE], default=0))
+            tracking.set_tags(tracking_uri, rid, tags)
             tracking.end_run(tracking_uri, rid)
     tracking.end_run(tracking_uri, parent)
     return parent

@@ -101,6 +101,7 @@ TAG_POLICY_LOSS = "harness.policy_loss"
 TAG_COLLAPSED = "harness.collapsed"  # "true" / "false", set at the end of a run
 TAG_COLLAPSE_REASON = "harness.collapse_reason"
 TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, exception)
+TAG_BEST_STEP = "harness.best_step"  # step of the best held-out eval before the collapse rule fired (best_policy.pt)
 TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
 TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
 TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run

@@ -1,11 +1,13 @@
 """The collapse rule over the indicators (paper section 4; the rule itself: `CollapseConfig.enabled`).
 
 Indicators are smoothed by an EMA, so one noisy batch neither triggers nor hides a collapse;
-`collapse/step` is the first step of the `patience`-long streak.
+`collapse/step` is the first step of the `patience`-long streak. The same detector replays logged
+metric rows offline (`replay`), also with another perplexity indicator swapped in.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Iterable
 
 from . import keys
 from .config import CollapseConfig
@@ -18,8 +20,8 @@ class CollapseEvent:
 
 
 class CollapseDetector:
-    def __init__(self, cfg: CollapseConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: CollapseConfig, ppl_key: str = keys.PPL):
+        self.cfg, self.ppl_key = cfg, ppl_key  # keys.PPL_TOKENS: perplexity pooled over tokens (no outlier spikes)
         self.ema: dict[str, float] = {}
         self.best_gold: float | None = None
         self.streak_start: int | None = None
@@ -34,7 +36,7 @@ class CollapseDetector:
     def signals(self, m: dict[str, float]) -> list[str]:
         c = self.cfg
         kl = self._smooth("kl", m[keys.KL])
-        ppl = self._smooth("ppl", m[keys.PPL])
+        ppl = self._smooth("ppl", m[self.ppl_key])
         cap = self._smooth("cap", m[keys.FRAC_AT_CAP])
         generic = [msg for bad, msg in ((kl > c.kl_max, f"KL {kl:.2f} > {c.kl_max:g}"),
                                         (ppl < c.ppl_min, f"perplexity {ppl:.3f} < {c.ppl_min:g}"),
@@ -69,3 +71,11 @@ class CollapseDetector:
         self.ema = dict(s["ema"])
         self.best_gold, self.streak, self.streak_start = s["best_gold"], s["streak"], s["streak_start"]
         self.event = CollapseEvent(**s["event"]) if s["event"] else None
+
+
+def replay(cfg: CollapseConfig, rows: Iterable[tuple[int, dict[str, float]]], ppl_key: str = keys.PPL) -> CollapseEvent | None:
+    """The rule over logged (step, metrics) rows in step order, as the trainer ran it: its event or None."""
+    d = CollapseDetector(cfg, ppl_key)
+    for step, m in rows:
+        d.update(step, m)
+    return d.event

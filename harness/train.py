@@ -42,6 +42,7 @@ def default_run_name(cfg: TrainConfig) -> str:
 
 # ------------------------------------------------------------------ run files and checkpoints
 CHECKPOINTS = ("state.pt", "state.prev.pt")  # the latest and the one before it
+BEST_POLICY = "best_policy.pt"  # the run dir's policy weights at its best eval before collapse
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> None:
@@ -107,6 +108,12 @@ class RunLog:
     def artifact(self, obj: dict, path: str) -> None:
         tracking.log_json_artifact(self.uri, self.run_id, obj, path)
 
+    def save_best(self, weights: dict, step: int) -> None:
+        """BEST_POLICY (temp file, then rename) and its step as tag harness.best_step."""
+        torch.save(weights, self.run_dir / f"{BEST_POLICY}.tmp")
+        os.replace(self.run_dir / f"{BEST_POLICY}.tmp", self.run_dir / BEST_POLICY)
+        self.tags({keys.TAG_BEST_STEP: str(step)})
+
     def checkpoint(self, state: dict, step: int) -> None:
         save_checkpoint(self.run_dir, state)
         self._write(step=step)
@@ -130,7 +137,7 @@ class NullRunLog(RunLog):
     def _ignore(self, *args, **kwargs) -> None:
         pass
 
-    log = tags = artifact = checkpoint = end = _ignore
+    log = tags = artifact = save_best = checkpoint = end = _ignore
 
 
 def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, dict | None]:
@@ -168,6 +175,22 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
         tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
     info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0, "config": flat}
     return RunLog(uri, run_id, run_dir, info, logged_through), state
+
+
+class BestPolicy:
+    """Paper App. A: the best model comes before collapse. Keeps the policy weights of the best held-out
+    score (eval gold, or eval RM score without a gold reward) among the evals made before the collapse
+    rule fired, in run_dir/BEST_POLICY; `state` ([step, score]) travels in the checkpoint."""
+
+    def __init__(self) -> None:
+        self.state: list = [None, None]
+
+    def offer(self, trainer, run: RunLog, step: int, evals: dict[str, float], collapsed: bool) -> None:
+        score = evals.get(keys.EVAL_GOLD, evals.get(keys.EVAL_RM))
+        if collapsed or score is None or (self.state[1] is not None and score <= self.state[1]):
+            return
+        self.state = [step, score]
+        run.save_best(trainer.policy.full_state()[0], step)  # full_state: collective under ZeRO
 
 
 # ------------------------------------------------------------------ the run
@@ -223,22 +246,29 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
     device = parallel.device_of(cfg)
     trainer = PPOTrainer(cfg, Models(cfg, device), load_source(cfg), device, env)
     detector = CollapseDetector(cfg.collapse)
-    start_step = 0
+    best, start_step = BestPolicy(), 0
+
+    def evaluate(step: int) -> dict[str, float]:
+        evals = _evaluate(trainer, run, step)
+        best.offer(trainer, run, step, evals, detector.event is not None)
+        return evals
+
     if state is not None:
         trainer.load_state_dict(state)
         detector.load_state_dict(json.loads(state["detector"]))
-        start_step = int(state["step"])
+        best.state, start_step = json.loads(state["best"]), int(state["step"])
     else:
         trainer.seed_reward_stats()
         for k in range(cfg.ppo.critic_pretrain_steps):
             m = trainer.pretrain_critic()
             run.log({f"critic_pretrain/{key.split('/')[-1]}": v for key, v in m.items() if key.startswith("val/")}, step=k)
         if log.eval_every:
-            run.log(_evaluate(trainer, run, 0), step=0)
+            run.log(evaluate(0), step=0)
 
     def checkpoint(step: int) -> None:
         # trainer.state_dict() is collective under ZeRO: every rank gathers, rank 0 writes
-        run.checkpoint({**trainer.state_dict(), "step": step, "detector": json.dumps(detector.state_dict())}, step)
+        run.checkpoint({**trainer.state_dict(), "step": step, "detector": json.dumps(detector.state_dict()),
+                        "best": json.dumps(best.state)}, step)
 
     bar = None
     if log.progress and env.is_main:
@@ -261,7 +291,7 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
                 result.collapsed, result.collapse_step = True, event.step
                 run.tags({keys.TAG_COLLAPSED: "true", keys.TAG_COLLAPSE_REASON: event.reason})
             if log.eval_every and step % log.eval_every == 0:
-                metrics.update(_evaluate(trainer, run, step))
+                metrics.update(evaluate(step))
             run.log(metrics, step=step)
             if (log.sample_every and step % log.sample_every == 0) or step == cfg.ppo.steps:
                 _log_samples(trainer, b, run, step)
@@ -288,7 +318,7 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
     if result.steps_done and b is not None and log.sample_every and result.steps_done % log.sample_every and result.steps_done != cfg.ppo.steps:
         _log_samples(trainer, b, run, result.steps_done)
     if log.eval_every and result.steps_done % log.eval_every:
-        run.log(_evaluate(trainer, run, result.steps_done), step=result.steps_done)
+        run.log(evaluate(result.steps_done), step=result.steps_done)
     checkpoint(result.steps_done)
     if not result.collapsed:
         run.tags({keys.TAG_COLLAPSED: "false"})

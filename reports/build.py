@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib
-import json
 import math
 import platform
 import sys
@@ -34,16 +33,17 @@ from reportlab.platypus import (
     CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
 )
 
+from analysis import collapse_rule
 from analysis.claims import check_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED
 from analysis.store import STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation
 from harness import keys as K
 from harness import provenance, tracking
-from harness.config import DataConfig
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
 from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
 from harness.tracking import redact
+from reports.reference import write_reference
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
 # runs in pure Python here and costs about a second per report for nothing a reader sees.
@@ -190,6 +190,8 @@ class Section:
             note = ("mean ± sd over seeds (sample sd; one seed: the value); final = mean of the last 10% of "
                     "logged steps, peak = largest logged value")
             note += "; collapsed = seeds marked collapsed (mean collapse step)" if "collapsed" in self.metrics else ""
+            note += ("; best step = per seed, the step of the best held-out eval before collapse (its policy: "
+                     "best_policy.pt in the run folder)") if "best step" in self.metrics else ""
             rows, n = [list(self.metrics.columns)] + self.metrics.astype(str).values.tolist(), self.metrics.shape[1]
             out += [P("Final and peak metrics", st["h2"]), table(rows, [0.22] + [0.78 / (n - 1)] * (n - 1), st),
                     P(note + ".", st["note"])]
@@ -249,6 +251,9 @@ def final_peak_table(data: AblationData) -> pd.DataFrame:
         table["collapsed"] = [f"{g['collapsed'].sum()}/{len(g)}" + (
             f" (step {fmt(g['collapse_step'].mean())})" if g["collapse_step"].notna().any() else "")
             for g in (data.runs[data.runs["variant"] == v] for v in data.variants)]
+    if data.runs["best_step"].notna().any():  # harness.train's best held-out policy before collapse, per seed
+        table["best step"] = [", ".join(fmt(x) for x in data.runs.loc[data.runs["variant"] == v, "best_step"].dropna())
+                              or "–" for v in data.variants]
     return table
 
 
@@ -338,8 +343,19 @@ def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures:
     return sec
 
 
-def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> Path:
-    """A title page (naming the ablation of a one-section report), contents, then every section."""
+def collapse_flowables(scores: dict, st) -> list:
+    """The combined report's last page: the collapse rule against the gold reward (analysis.collapse_rule)."""
+    rows = collapse_rule.table_rows(scores)
+    note = ("Every train run of the store that logs gold and both perplexities; gold fell: its EMA stays below the "
+            "SFT model's mean gold for collapse.patience steps; lead = gold-fall step − rule step (definitions: "
+            f"analysis/collapse_rule.py). Better by these numbers: {scores['better'] or 'neither (no runs, or a tie)'}; "
+            f"{collapse_rule.CHOICE}.")
+    return [P("The collapse rule against the gold reward", st["h1"]),
+            table(rows, [0.25, 0.1, 0.1, 0.08, 0.23, 0.1, 0.14], st), P(note, st["note"])]
+
+
+def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st, extra: list | None = None) -> Path:
+    """A title page (naming the ablation of a one-section report), contents, every section, `extra`."""
     one = len(sections) == 1
     title = f"Ablation report: {sections[0].spec.title}" if one else "Secrets of RLHF: PPO ablation report"
     story: list = [Spacer(1, 3 * cm), P(title, st["title"]), Spacer(1, 0.4 * cm),
@@ -356,6 +372,7 @@ def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st) -> 
     story.append(PageBreak())
     for s in sections:
         story += s.flowables(st)
+    story += (extra or []) + ([PageBreak()] if extra else [])
     label = "harness report" + (f" · {sections[0].spec.name}" if one else "")
 
     def footer(canvas, doc):
@@ -387,7 +404,7 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     """Per-ablation PDFs and, when every ablation asked for (none: all, registry and store) has runs
     and more than one was asked for, the combined one. An ablation without runs is skipped with a
     message; one that fails is reported (`errors`, stderr) and left out. reference=True also writes
-    OUT/provenance.json (code, libraries, world, runs' commits)."""
+    OUT/reference.json and OUT/README.md (reports.reference)."""
     uri, out, st = tracking_uri or default_tracking_uri(), Path(out), make_styles()
     registry = ablation_names(ablations_dir)
     names = list(ablations) if ablations else registry + [n for n in ablations_in_store(uri) if n not in registry]
@@ -412,12 +429,10 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
-    combined = write_pdf(out / COMBINED, sections, info, st) if whole else None
+    scores = collapse_rule.score_store(uri) if whole or reference else {}
+    combined = write_pdf(out / COMBINED, sections, info, st, collapse_flowables(scores, st)) if whole else None
     if reference:
-        prov = {**info, "world": provenance.world(DataConfig().world_dir), "ablations": {
-            s.spec.name: {"runs": len(s.data.runs), "run commits": sorted({c for c in s.data.runs["git_commit"] if c})}
-            for s in sections}}
-        (out / "provenance.json").write_text(json.dumps(prov, indent=1, ensure_ascii=False) + "\n")
+        write_reference(sections, scores, out)
     return BuildResult(reports, combined, errors, skipped)
 
 
@@ -427,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="registry names or YAML paths (default: every ablation in the registry and the store)")
     ap.add_argument("--out", help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
     ap.add_argument("--reference", action="store_true",
-                    help="rebuild the committed reference reports in reports/ and record reports/provenance.json")
+                    help="rebuild the committed reference reports in reports/ with reference.json and README.md")
     ap.add_argument("--smooth", type=int, default=1, metavar="K",
                     help="rolling mean over K logged steps in figures (default 1 = raw)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")

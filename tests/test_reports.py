@@ -1,6 +1,7 @@
 """reports/build.py: PDFs from a synthetic store, read back with pypdf."""
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -135,9 +136,10 @@ def test_sweep_section_from_sweep_plots(built):
 def test_combined_report_has_all_sections_in_paper_order(built):
     pages, text = pdf_text(built["res"].combined)
     per_ablation = sum(pdf_text(p)[0] - 1 for p in built["res"].reports.values())  # minus their title pages
-    assert pages == per_ablation + 1
+    assert pages == per_ablation + 2  # the title page and the collapse rule's page
     order = [text.index(t) for t in ("Fig. 2: RM score difference", "Fig. 4: vanilla PPO collapses",
-                                     "Fig. 15: KL penalty eta", "Sweep: delta_r x eta")]
+                                     "Fig. 15: KL penalty eta", "Sweep: delta_r x eta",
+                                     "The collapse rule against the gold reward")]
     assert order == sorted(order) and "Contents" in text
 
 
@@ -182,16 +184,34 @@ def test_partial_store_skips_ablations_without_runs_and_keeps_the_combined_repor
     assert rc == 0 and "combined report not built: no runs of " in capsys.readouterr().out
 
 
-def test_default_output_is_results_and_reference_records_provenance(built, tmp_path, monkeypatch):
+def test_default_output_is_results_only_and_reference_writes_summary_and_readme(built, tmp_path, monkeypatch):
     import json
 
     monkeypatch.chdir(tmp_path)
     args = ["vanilla", "kl_eta", "--tracking-uri", built["uri"], "--ablations-dir", str(built["registry"]), "--no-log"]
     assert build_main(args) == 0
+    assert os.listdir(tmp_path) == ["results"]  # nothing beside the ignored results/ folder
     assert (tmp_path / "results" / "vanilla" / "report.pdf").is_file() and (tmp_path / "results" / COMBINED).is_file()
     assert "/results/" in (REPO_ROOT / ".gitignore").read_text().split()  # a user's build leaves git status clean
     res = build(["vanilla", "kl_eta"], built["uri"], tmp_path / "ref", ablations_dir=built["registry"],
                 log_figures=False, reference=True)
-    prov = json.loads((tmp_path / "ref" / "provenance.json").read_text())
-    assert res.combined is not None and {"git commit", "libraries", "machine", "world"} <= set(prov)
-    assert prov["ablations"]["vanilla"] == {"runs": 2, "run commits": ["synthetic"]}
+    text = (tmp_path / "ref" / "reference.json").read_text()
+    ref = json.loads(text)
+    assert res.combined is not None and text == json.dumps(ref, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    van = ref["figures"]["vanilla"]
+    assert van["run_commits"] == ["synthetic"] and van["inferred"] == ["Two seeds stand for the paper's one run."]
+    assert van["variants"]["vanilla PPO"]["n"] == 2 and van["variants"]["vanilla PPO"]["collapsed"] == 2
+    seeds = van["variants"]["vanilla PPO"]["metrics"]["final objective/kl"]
+    assert len(seeds) == 2 and all(x == float(f"{x:.4g}") for x in seeds)  # rounded: a stable file
+    claim = van["claims"][0]
+    assert claim["source"] == "paper 5.2" and claim["verdict"] == "inconclusive" and claim["n"] == "2"
+    assert set(ref["figures"]["kl_eta"]["variants"][ETAS[0]]["metrics"]) == {
+        "final objective/kl", "final objective/rm_score", "final objective/gold_score"}
+    assert ref["provenance"] == {"commit": "synthetic"}
+    assert set(ref["collapse_rule"]["rules"]) == {"per-sample perplexity (current)", "token-pooled perplexity"}
+    readme = (tmp_path / "ref" / "README.md").read_text()
+    # the committed prose, then results written from the summary: the claim with its section, verdict and n
+    assert readme.startswith("# Reports") and "<!-- results" not in readme
+    assert "| Vanilla PPO collapses. | paper 5.2 | **inconclusive**: fewer than 5 runs per variant: no verdict | 2 |" in readme
+    assert "Inferred (not stated by the paper): Two seeds stand for the paper's one run." in readme
+    assert "### The collapse rule against the gold reward" in readme and "- commit: synthetic" in readme

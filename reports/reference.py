@@ -1,0 +1,87 @@
+"""The reference results' text forms (`python -m reports.build --reference`): reference.json, compact
+and stable (sorted keys, floats to 4 significant digits; analysis.compare reads it), and
+README.md, README.template.md's prose followed by a results section written from that summary.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis import collapse_rule
+from analysis.compare import summarize
+from harness import provenance
+from harness.summary import fmt
+
+TEMPLATE = Path(__file__).with_name("README.template.md")
+MARK = "<!-- results: written by reports.build --reference -->"
+
+
+def reference_summary(sections: list, collapse: dict) -> dict[str, Any]:
+    """Per figure `summarize`, the collapse rule scored on every run of the store
+    (analysis.collapse_rule.score_store), the runs' provenance (each provenance tag: its one value,
+    or the sorted distinct values)."""
+    figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
+    seen: dict[str, set] = {}
+    for s in sections:
+        for tags in s.data.runs["provenance"]:
+            for k, v in tags.items():
+                seen.setdefault(k, set()).add(v)
+    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(),
+            "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
+
+
+def _row(cells: list[Any]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |"
+
+
+def figure_text(name: str, f: dict) -> list[str]:
+    """One figure: runs, inferred settings, the claims table, per variant collapses and best steps."""
+    commits = ", ".join(f["run_commits"]) or "unknown"
+    out = [f"### {f['title']} (`{name}`)", "",
+           f"{sum(v['n'] for v in f['variants'].values())} runs, code {commits}. "
+           + ("Inferred (not stated by the paper): " + "; ".join(f["inferred"]) if f["inferred"] else
+              "No inferred settings."), ""]
+    if f["claims"]:
+        out += [_row(["claim", "source", "verdict", "n", "statistic [CI]", "p", "not detectable below"]),
+                _row(["---"] * 7)]
+        for c in f["claims"]:
+            est = (f"{c['statistic']} {fmt(c.get('estimate'))} [{fmt(c.get('ci_low'))}, {fmt(c.get('ci_high'))}] "
+                   f"({c['level']:.0%} CI)" if "level" in c and "estimate" in c else "–")
+            verdict = f"**{c['verdict']}**" + (f": {c['reason']}" if c.get("reason") else "")
+            out.append(_row([c["claim"], c["source"], verdict, c.get("n", "–"), est, fmt(c.get("p_value")),
+                             fmt(c.get("min_detectable"))]))
+        out.append("")
+    out.append("Per variant (seeds, collapsed, step of the best held-out eval before collapse per seed): " + "; ".join(
+        f"{v}: {d['n']}, {d['collapsed']}/{d['n']}" + (f", best at {', '.join(map(str, d['best_step']))}"
+                                                       if d["best_step"] else "")
+        for v, d in f["variants"].items()) + ".")
+    return out + [""]
+
+
+def collapse_text(c: dict) -> list[str]:
+    rows = collapse_rule.table_rows(c)
+    return (["### The collapse rule against the gold reward", "", _row(rows[0]), _row(["---"] * len(rows[0]))]
+            + [_row(r) for r in rows[1:]]
+            + ["", f"Better by these numbers: {c['better'] or 'neither (no runs, or a tie)'}; {collapse_rule.CHOICE}.", ""])
+
+
+def readme(summary: dict) -> str:
+    """README.template.md with the results section: per figure, the collapse rule, the provenance."""
+    verdicts = [c["verdict"] for f in summary["figures"].values() for c in f["claims"]]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts))) or "no claims"
+    lines = ["## Results", "", f"Built at commit {summary['built_at_commit']} from the runs below; claims: {counts}.",
+             ""]
+    for name, f in summary["figures"].items():  # the sections' order: the paper's
+        lines += figure_text(name, f)
+    lines += collapse_text(summary["collapse_rule"]) + ["### Provenance of the runs", ""]
+    lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
+    return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
+
+
+def write_reference(sections: list, collapse: dict, out: Path) -> dict[str, Any]:
+    """OUT/reference.json and OUT/README.md; returns the summary."""
+    summary = reference_summary(sections, collapse)
+    (out / "reference.json").write_text(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    (out / "README.md").write_text(readme(summary))
+    return summary
