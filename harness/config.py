@@ -213,6 +213,8 @@ class LoggingConfig:
     """Score held-out prompts every N steps: gold reward, win rate vs SFT, RM score histogram (0 = off)."""
     checkpoint_every: Count = 50
     """Save policy, critic, optimizers and running stats every N steps (0 = only at the end)."""
+    keep_best: Bool = True
+    """Keep the policy weights of the best held-out eval before the collapse rule fires (paper App. A: the best model comes before collapse) in the run folder's best_policy.pt, its step in tag harness.best_step; false saves the disk and time a large model's copies cost."""
     progress: Bool = True
     """Show a progress bar."""
 

@@ -187,7 +187,8 @@ class BestPolicy:
 
     def offer(self, trainer, run: RunLog, step: int, evals: dict[str, float], collapsed: bool) -> None:
         score = evals.get(keys.EVAL_GOLD, evals.get(keys.EVAL_RM))
-        if collapsed or score is None or (self.state[1] is not None and score <= self.state[1]):
+        if (not trainer.cfg.logging.keep_best or collapsed or score is None
+                or (self.state[1] is not None and score <= self.state[1])):
             return
         self.state = [step, score]
         run.save_best(trainer.policy.full_state()[0], step)  # full_state: collective under ZeRO
