@@ -216,6 +216,9 @@ class FigureFile:
     """Position in the combined report (the paper's order); files without one go last."""
     panels: Annotated[list[Panel], Field(min_length=1)] = Field(default_factory=lambda: list(STANDARD_PANELS))
     """What the figure draws, in order: metric keys (harness/keys.py) or special panels."""
+    x: Literal["step", "sampled_tokens"] = "step"
+    """The metric panels' x axis: step, or the response tokens sampled so far (for a comparison at equal
+    sampled tokens, e.g. of estimators that spend their samples differently; analysis/figures.py)."""
     title: str = ""
     """The figure's heading (default: the name)."""
     description: str = ""
@@ -278,6 +281,8 @@ class Registry:
     seeds: list[int] = dataclasses.field(default_factory=list)
     variants: list[Variant] = dataclasses.field(default_factory=list)
     panels: list[str] = dataclasses.field(default_factory=list)
+    x: str = "step"
+    """The metric panels' x axis: step | sampled_tokens."""
     claims: list[Claim] = dataclasses.field(default_factory=list)
     order: int | None = None
     inferred: list[str] = dataclasses.field(default_factory=list)
@@ -499,7 +504,7 @@ def load_registry(
     variants = _expand_variants(fs, leaves, where, problems)
     reg = Registry(
         name=fs.name, figure=fs.figure, title=fs.title or fs.name, kind=fs.kind, path=path, base=fs.base,
-        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels),
+        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels), x=fs.x,
         claims=_claims(fs, variants, src, problems), order=fs.order, inferred=list(fs.inferred),
         description=" ".join(fs.description.split()), shared=flat_settings(fs.set, leaves, f"{where}set", problems),
         profiles=list(fs.profiles), scale=scale or DEFAULT_SCALE,
