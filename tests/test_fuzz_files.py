@@ -1,4 +1,4 @@
-"""Generated bad figure files and sweep files, through the loaders and the CLIs' dry runs.
+"""Generated bad figure files and sweep files, through the CLIs' dry runs (in-process).
 
 Every leaf of real files (ablations/kl_eta.yaml: grid, profile, trend claims; estimators.yaml:
 variants, inherit, literature claims; rm_accuracy.yaml: kind world; sweep_delta_eta.yaml) is given
@@ -7,13 +7,12 @@ FigureFile, harness/sweep.py's SweepFile, TrainConfig/WorldConfig for the keys o
 `search_space`), a mistyped key, null; every section is nulled and every required key removed; then
 broken files (empty, non-UTF-8, duplicate keys) and bad CLI input (seeds, --set, path-like names).
 Each case must end in an error naming the file (or the flag) and the field, exit 2 without a
-traceback and before any MLflow store exists; a file that the mutation leaves valid must load.
+traceback and before any MLflow or Optuna store exists; the unchanged copies dry-run.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 import types
 import typing
@@ -26,8 +25,8 @@ from test_fuzz_config import _parts, bad_values, mistype
 
 from harness import ablate, sweep
 from harness.config import TrainConfig
-from harness.registry import ABLATIONS_DIR, RULES, FigureFile, RegistryError, load_registry
-from harness.schema import ConfigError, iter_fields
+from harness.registry import ABLATIONS_DIR, RULES, FigureFile
+from harness.schema import iter_fields
 from harness.world.config import WorldConfig
 
 FIGURE_FILES = ["kl_eta", "estimators", "rm_accuracy"]
@@ -80,12 +79,10 @@ def sweep_schema(data: dict[str, Any], path: list[str]) -> tuple[Any, list, str]
     if path[0] == "set" and len(path) == 2:
         found = config_field(TrainConfig, path[1])
         return found and (*found, path[1])
-    if path[0] == "search_space" and len(path) == 3:
-        return section_field(sweep.Dimension, path[2:]) and (*section_field(sweep.Dimension, path[2:]),
-                                                               ".".join(path))
     if path[0] == "first_trials":
         return None  # free keys: checked against the search space (cases below)
-    found = section_field(sweep.SweepFile, path)
+    found = section_field(sweep.Dimension, path[2:]) if path[0] == "search_space" and len(path) == 3 else \
+        section_field(sweep.SweepFile, path)
     return found and (*found, ".".join(path))
 
 
@@ -164,7 +161,7 @@ def generated(file: str) -> list[Case]:
             tp, meta, field = found
             out += [Case(file, f"{'.'.join(path)}: {what}", mutated(data, path, v), field)
                     for what, v in bad_values(tp, meta)]
-        elif path[0] == "first_trials" or path[-2] == "grid":  # values the sampler must be able to draw
+        elif path[0] == "first_trials" or path[-2:-1] == ["grid"]:  # values the sampler must be able to draw
             out += [Case(file, f"{'.'.join(path)}: {what}", mutated(data, path, v), ".".join(path))
                     for what, v in (("text", "zzz"), ("out of range", 1e6), ("null", None), ("bool", True))]
     for path in [p for p, _ in leaves(data)] + list(sections(data)):
@@ -295,6 +292,7 @@ SWEEP_CLI = {
     "seeds text": (["--set", "sweep.seeds=0,0"], "seeds: got '0,0'"),
     "seeds twice": (["--set", "sweep.seeds=[0, 0]"], "seeds: got [0, 0]; allowed: a count >= 1 or a list of distinct"),
     "seeds 22 digits": (["--set", f"sweep.seeds=[{10**22}]"], "seeds.0: got 10000000000000000000000; allowed: an integer >= 0 and <= 2147483647"),
+    "seed count 22 digits": (["--set", f"sweep.seeds={10**22}"], "seeds: got 10000000000000000000000; allowed: an"),
     "name a path": (["--set", "sweep.name=.."], "name: got '..'; allowed: a string matching"),
     "unknown sweep field": (["--set", "sweep.trails=3"], "trails: unknown key; did you mean trials?"),
     "unknown train key": (["--set", "ppo.kl_cof=1"], "ppo.kl_cof: unknown key; did you mean ppo.kl_coef?"),
