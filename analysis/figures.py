@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogFormatter, MaxNLocator
+from matplotlib.ticker import EngFormatter, LogFormatter, MaxNLocator
 
 from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K
@@ -48,11 +48,14 @@ LEGEND_CHAR_IN = 0.062  # width of one legend character at legend.fontsize 8.5 (
 LEGEND_HANDLE_IN = 0.55  # line handle plus column gap
 PANEL_HEIGHT_IN = 2.1
 MAX_RIDGES = 10
+X_TICKS = 5  # x tick labels per panel ("0 50 100 150 200"): 9 labels of 3 digits run together at a third of a page
 LOG_SCALE_PANELS = {K.PPL, K.PPL_TOKENS, K.PPL_REF}
 STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
          "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
          "grid.alpha": 0.3, "grid.linewidth": 0.5}
 WIN_RATE_AXIS = f"{K.EVAL_WIN_RATE} (right axis)"
+X_LABELS = {"step": "Step", "sampled_tokens": "Sampled response tokens (cumulative)"}
+"""The metric panels' x axis label, by the figure file's `x`."""
 
 
 def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataFrame:
@@ -65,6 +68,30 @@ def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataF
     m = m.assign(value=m.groupby("run_id")["value"].transform(lambda s: s.rolling(k, min_periods=1).mean()))
     out = m.groupby(["variant", "step"])["value"].agg(["mean", "std", "min", "max", "count"])
     return out.rename(columns={"count": "n"}).reset_index()
+
+
+def sampled_tokens(data: AblationData) -> pd.DataFrame | None:
+    """Per (variant, step), mean over seeds: the response tokens a run sampled in its PPO steps up to and
+    including `step`, sum over t <= step of ppo.rollout_batch_size (responses per step, all ranks; the
+    run's param) x response/length_mean(t). Exact: every PPO step logs its mean length. Not counted:
+    rollouts before step 1 (reward-stat seeding, critic pretraining) and ReMax's greedy baselines.
+    None when the figure's x axis is the step."""
+    if data.spec.x != "sampled_tokens":
+        return None
+    c = tracking.client(data.tracking_uri)
+    per_step = {r: float(c.get_run(r).data.params["ppo.rollout_batch_size"]) for r in data.runs["run_id"]}
+    m = data.metrics(K.LENGTH).sort_values(["run_id", "step"])
+    m = m.assign(x=m.groupby("run_id")["value"].cumsum() * m["run_id"].map(per_step))
+    return m.groupby(["variant", "step"])["x"].mean().reset_index()
+
+
+def at_x(xs: pd.DataFrame | None, variant: str, steps) -> np.ndarray:
+    """Where steps of a variant lie on the x axis (sampled tokens between logged steps interpolated)."""
+    steps = np.asarray(steps, dtype=float)
+    if xs is None:
+        return steps
+    v = xs[xs["variant"] == variant]
+    return np.interp(steps, v["step"].astype(float), v["x"].astype(float))
 
 
 def grid_shape(n: int) -> tuple[int, int]:
@@ -99,17 +126,18 @@ def _no_data(ax: Axes, what: str) -> None:
             color="0.4", fontsize=8)
 
 
-def _band(ax: Axes, b, color, **line) -> None:
-    """The mean over seeds as a line, and the min-max band when there are several seeds."""
-    ax.plot(b["step"], b["mean"], color=color, lw=1.3, **line)
+def _band(ax: Axes, b, color, x=None, **line) -> None:
+    """The mean over seeds as a line (at x, default the steps), and the min-max band when there are several seeds."""
+    x = b["step"].astype(float) if x is None else x
+    ax.plot(x, b["mean"], color=color, lw=1.3, **line)
     if b["n"].max() > 1:
-        ax.fill_between(b["step"].astype(float), b["min"].astype(float), b["max"].astype(float), color=color,
-                        alpha=0.18, lw=0)
+        ax.fill_between(x, b["min"].astype(float), b["max"].astype(float), color=color, alpha=0.18, lw=0)
 
 
-def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, smooth_k: int) -> None:
+def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, smooth_k: int,
+                      xs: pd.DataFrame | None = None) -> None:
     """One line per variant (label = variant name), min-max band, an X on the mean curve at each
-    collapsed run's collapse step (tag only: where the run's curve ends)."""
+    collapsed run's collapse step (tag only: where the run's curve ends); x: steps, or `xs` (sampled_tokens)."""
     rows = data.metrics(metric)
     band = seed_band(rows, metric, smooth_k)
     if band.empty:
@@ -119,22 +147,24 @@ def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, s
         b = band[band["variant"] == v]
         if b.empty:
             continue
-        _band(ax, b, colors[v], label=v)
+        _band(ax, b, colors[v], at_x(xs, v, b["step"]), label=v)
         runs = data.runs[(data.runs["variant"] == v) & data.runs["collapsed"]]
         for step in runs["collapse_step"].fillna(runs["run_id"].map(ends)).dropna():
             y = np.interp(step, b["step"].astype(float), b["mean"].astype(float))
-            ax.plot([step], [y], ls="none", marker="X", ms=7, color=colors[v], mec="black", mew=0.6, label="_collapse",
-                    zorder=5)
+            ax.plot(at_x(xs, v, [step]), [y], ls="none", marker="X", ms=7, color=colors[v], mec="black", mew=0.6,
+                    label="_collapse", zorder=5)
     if metric in LOG_SCALE_PANELS and (band["max"].astype(float) > 0).all():
         ax.set_yscale("log")  # collapse drives perplexity toward 1 while outliers reach the thousands
         for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 3, 4, 6; not 3x10^0
             axis_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-    ax.set_xlabel("Step")
+    ax.set_xlabel(X_LABELS["step" if xs is None else "sampled_tokens"])
     ax.set_ylabel(UNITS.get(metric, ""))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=X_TICKS, integer=True))  # more run together at a third of a page
+    if xs is not None:
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M
 
 
-def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> Axes | None:
+def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int, xs: pd.DataFrame | None) -> Axes | None:
     """Win rate vs SFT on the reward panel's right axis (Fig. 4), dashed, same colors."""
     band = seed_band(data.metrics(K.EVAL_WIN_RATE), K.EVAL_WIN_RATE, smooth_k)
     if band.empty:
@@ -143,7 +173,7 @@ def draw_win_rate(ax: Axes, data: AblationData, colors: dict, smooth_k: int) -> 
     right.grid(False)
     right.spines["right"].set_visible(True)
     for v, b in band.groupby("variant"):
-        right.plot(b["step"], b["mean"], color=colors[v], lw=1.1, ls="--", marker=".", ms=3,
+        right.plot(at_x(xs, v, b["step"]), b["mean"], color=colors[v], lw=1.1, ls="--", marker=".", ms=3,
                    label=f"{v}: win rate vs SFT")
     right.set_ylim(0, 1)
     right.set_ylabel("Win rate vs SFT (dashed)")
@@ -191,7 +221,8 @@ def draw_eval_rm_score_hist(ax: Axes, data: AblationData, variant: str | None) -
     if not by_step:
         return _no_data(ax, f"{K.EVAL_SCORES_DIR}/rm_scores_step_*.json")
     steps = sorted(by_step)
-    steps = [steps[i] for i in np.unique(np.round(np.linspace(0, len(steps) - 1, MAX_RIDGES)).astype(int))]
+    stride = -(-(len(steps) - 1) // (MAX_RIDGES - 1)) or 1  # every k-th step: evenly spaced, at most MAX_RIDGES
+    steps = sorted({*steps[::stride], steps[-1]})  # the first and the last always
     edges = np.histogram_bin_edges(np.concatenate([by_step[s] for s in steps]), bins=50)
     centers = (edges[:-1] + edges[1:]) / 2
     for i, s in enumerate(steps):
@@ -216,6 +247,7 @@ class DrawnFigure:
 def draw_ablation(data: AblationData, smooth_k: int = 1) -> DrawnFigure:
     """Every panel in one Figure; the Axes by panel let callers (and tests) inspect lines per variant."""
     panels = figure_panels(data)
+    xs = sampled_tokens(data)
     rows, cols = grid_shape(len(panels))
     colors = {v: colormaps["tab10"](i % 10) for i, v in enumerate(data.variants)}
     height = 4.2 if len(panels) == 1 and panels[0].startswith(EVAL_RM_SCORE_HIST) else PANEL_HEIGHT_IN * rows + 0.2
@@ -225,7 +257,7 @@ def draw_ablation(data: AblationData, smooth_k: int = 1) -> DrawnFigure:
         axes: dict[str, Axes] = dict(zip(panels, grid))
         for panel, ax in list(axes.items()):
             base, _, which = panel.partition(":")
-            ax.set_title(PANEL_LABELS.get(base, base) + (f" — {which}" if which else ""))
+            ax.set_title(textwrap.fill(PANEL_LABELS.get(base, base) + (f" — {which}" if which else ""), 120 // cols))
             if base == RM_SCORE_DIFF_HIST:
                 draw_rm_score_diff_hist(ax, data, colors)
             elif base == RM_ACCURACY:
@@ -233,9 +265,9 @@ def draw_ablation(data: AblationData, smooth_k: int = 1) -> DrawnFigure:
             elif base == EVAL_RM_SCORE_HIST:
                 draw_eval_rm_score_hist(ax, data, which or None)
             else:
-                draw_metric_panel(ax, data, panel, colors, smooth_k)
+                draw_metric_panel(ax, data, panel, colors, smooth_k, xs)
                 if panel == K.RM_SCORE and K.EVAL_WIN_RATE in data.spec.panels:
-                    if (right := draw_win_rate(ax, data, colors, smooth_k)) is not None:
+                    if (right := draw_win_rate(ax, data, colors, smooth_k, xs)) is not None:
                         axes[WIN_RATE_AXIS] = right
         for ax in grid[len(panels):]:
             ax.set_visible(False)

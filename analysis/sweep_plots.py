@@ -33,7 +33,9 @@ MARKERS = {"collapsed": ("X", "tab:red"), "pruned": ("v", "0.45"), "failed": ("x
            "interrupted": ("x", "0.6")}
 STATE_OUTCOME = {"COMPLETE": "complete", "PRUNED": "pruned", "RUNNING": "running", "WAITING": "running",
                  "FAIL": "interrupted"}
-CONCISE = ["number", "state", "outcome", "value", "collapse_step", "pruned_at_step", "duration_s", "failure_reason"]
+CONCISE = ["number", "outcome", "value", "stopped_at_step", "duration_s", "failure_reason"]
+"""The trials table of the report: one table of at most 7 columns for a 2-D sweep (state is in outcome,
+the collapse and pruning steps in stopped_at_step; columns empty for every trial are left out)."""
 
 
 def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_url: str | None = None,
@@ -68,10 +70,10 @@ def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_ur
     (out / "sweep_best.json").write_text(json.dumps({
         "sweep": name, "objective": attr["metric"], "direction": attr["direction"], "best": best,
         "importances": importances}, indent=1, default=str))
-    concise = table[[*CONCISE[:4], *attr["search_space"], *CONCISE[4:]]].copy()
-    for col in ("collapse_step", "pruned_at_step"):
-        concise[col] = concise[col].map(lambda v: "" if pd.isna(v) else int(v))
-    concise["failure_reason"] = concise["failure_reason"].map(lambda r: "" if pd.isna(r) else str(r)[:60])
+    concise = table[[*CONCISE[:3], *attr["search_space"], *CONCISE[3:]]].dropna(axis="columns", how="all").copy()
+    for col, show in (("stopped_at_step", int), ("failure_reason", lambda r: str(r)[:60])):
+        if col in concise:
+            concise[col] = concise[col].map(lambda v, show=show: "" if pd.isna(v) else show(v))
     return {"figures": figures, "table": concise, "table_full": table, "best": best, "importances": importances,
             "notes": notes, "table_csv": str(out / "sweep_trials.csv"), "best_json": str(out / "sweep_best.json"),
             "parent_run_id": (study.user_attrs.get(ATTR_PARENT_RUNS) or {}).get(tracking.redact(tracking_uri)),
@@ -85,10 +87,12 @@ def trials_table(attr: dict[str, Any], study: Any, tracking_uri: str, notes: lis
     df = study.trials_dataframe(attrs=attrs)
     df.columns = [c.removeprefix("params_").removeprefix("user_attrs_") for c in df.columns]
     more = ["collapse_steps", "mlflow_run_ids"]
-    df = df.reindex(columns=list(dict.fromkeys([*CONCISE, *attr["search_space"], *df.columns, *more])))
+    df = df.reindex(columns=list(dict.fromkeys([*CONCISE, "state", "collapse_step", "pruned_at_step",
+                                                *attr["search_space"], *df.columns, *more])))
     df["outcome"] = df["outcome"].fillna(df["state"].map(STATE_OUTCOME))  # no `outcome` attr: by its state
     df["collapse_step"] = df["collapse_steps"].map(
         lambda s: min((v for v in s.values() if v is not None), default=None) if isinstance(s, dict) else None)
+    df["stopped_at_step"] = df["collapse_step"].fillna(df["pruned_at_step"])
     trials = study.get_trials(deepcopy=False)
     df["last_intermediate"] = [t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None
                                for t in trials]
@@ -203,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     best = s["best"]
     print(f"== sweep {s['sweep']['name']}: {s['sweep']['metric']} ({s['sweep']['direction']}) ==")
-    print(s["table"].to_string(index=False))
-    print(f"\nbest trial: {json.dumps(best, default=str)}" if best else "\nno completed trial yet")
+    print(s["table"].to_string(index=False, float_format="{:.4g}".format))
+    shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.get("params", {}).items())
+    print(f"\nbest trial {best['number']}: {s['sweep']['metric']} = {best['value']:.4g} at {shown}"
+          + (" (collapsed)" if best["collapsed"] else "") if best else "\nno completed trial yet")
     if s["importances"]:
         print("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
     for note in s["notes"]:

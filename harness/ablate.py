@@ -524,7 +524,7 @@ def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
     exit code 2, the problems printed, when it is unknown or invalid."""
     try:
         return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale,
-                             seeds=parse_seeds(args.seeds) if args.seeds else None,
+                             seeds=parse_seeds(args.seeds) if args.seeds is not None else None,
                              overrides=parse_overrides([x for group in args.overrides for x in group]),
                              only=args.variants or None)
     except (ConfigError, UnknownAblation) as e:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import ablate
-from .registry import Registry
+from .registry import REPO_ROOT, Registry
 from .tracking import redact
 
 DEFAULT_ABLATION = "score_reparam"
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.time()
+    if not all((REPO_ROOT / m / "__init__.py").is_file() for m in ("analysis", "reports")):  # before hours of runs
+        print("error: the main job draws with analysis/ and reports/, which a checkout has and `pip install` "
+              "does not ship; run it from a checkout, or run the grid alone: harness-ablate FILE", file=sys.stderr)
+        return 2
     reg = ablate.load_grid(args, args.ablation)
     if isinstance(reg, int):
         return reg

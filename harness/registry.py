@@ -17,8 +17,10 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import AfterValidator, Field
 
 from . import keys as K
-from .config import TrainConfig, config_hash, flatten, from_dict
-from .schema import ConfigError, closest, did_you_mean, leaf_keys, merge, read_yaml, section, to_dict, validate
+from .config import Name, TrainConfig, config_hash, flatten, from_dict
+from .schema import (
+    Bool, ConfigError, Float, Int, Seed, closest, did_you_mean, leaf_keys, merge, read_yaml, section, to_dict, validate,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS_DIR = REPO_ROOT / "ablations"
@@ -30,6 +32,7 @@ def default_ablations_dir() -> Path:
     here = Path.cwd() / "ablations"
     return here if here.is_dir() else ABLATIONS_DIR
 
+MAX_SEEDS = 1000  # more seeds per variant than any verdict needs: a typo for a smaller range
 DEFAULT_SCALE = "world"  # no profile: the file's own settings (the embedded world on CPU)
 
 # Panels beside metric keys: Fig. 2's score-difference histogram, Fig. 3's accuracy curves,
@@ -70,7 +73,7 @@ Stat = Literal["final", "initial", "rise", "peak", "mean", "volatility", "min"]
 
 @section
 class VariantEntry:
-    name: Annotated[str, Field(min_length=1)]
+    name: Name
     """The legend text; also the MLflow tag harness.variant and (slugged) the run name."""
     inherit: str | None = None
     """An earlier variant whose settings this one starts from."""
@@ -96,7 +99,7 @@ class Profile:
     """A config file laid over the base (e.g. bases/paper.yaml)."""
     set: dict[str, Any] = Field(default_factory=dict)
     """Overrides for every run at this scale."""
-    seeds: list[int] | None = None
+    seeds: Annotated[list[Seed], Field(min_length=1)] | None = None
     """Seeds at this scale (default: the file's)."""
     variant_set: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Variant name -> overrides for that variant at this scale."""
@@ -147,7 +150,7 @@ class Threshold(OnMetric):
 
     op: Literal[">", "<"]
     """Above or below."""
-    value: float
+    value: Float
     """The threshold."""
     variant: str | None = None
     """The variant (null: every variant with runs)."""
@@ -159,7 +162,7 @@ class Collapses:
 
     variant: str
     """The variant."""
-    expected: bool = True
+    expected: Bool = True
     """Whether the claim is that it collapses."""
 
 
@@ -209,10 +212,13 @@ class FigureFile:
     """The MLflow experiment and the report folder; equals the file stem."""
     figure: Annotated[str, Field(min_length=1)]
     """The paper figure id, e.g. "6" (or "apa")."""
-    order: int | None = None
+    order: Int | None = None
     """Position in the combined report (the paper's order); files without one go last."""
     panels: Annotated[list[Panel], Field(min_length=1)] = Field(default_factory=lambda: list(STANDARD_PANELS))
     """What the figure draws, in order: metric keys (harness/keys.py) or special panels."""
+    x: Literal["step", "sampled_tokens"] = "step"
+    """The metric panels' x axis: step, or the response tokens sampled so far (for a comparison at equal
+    sampled tokens, e.g. of estimators that spend their samples differently; analysis/figures.py)."""
     title: str = ""
     """The figure's heading (default: the name)."""
     description: str = ""
@@ -225,7 +231,7 @@ class FigureFile:
     """The train config every run starts from (relative to this file or ablations/)."""
     set: dict[str, Any] = Field(default_factory=dict)
     """Overrides shared by every run."""
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     """Seeds of every variant."""
     variants: list[VariantEntry] = Field(default_factory=list)
     """Named variants (a bare string: a variant with no settings)."""
@@ -275,6 +281,8 @@ class Registry:
     seeds: list[int] = dataclasses.field(default_factory=list)
     variants: list[Variant] = dataclasses.field(default_factory=list)
     panels: list[str] = dataclasses.field(default_factory=list)
+    x: str = "step"
+    """The metric panels' x axis: step | sampled_tokens."""
     claims: list[Claim] = dataclasses.field(default_factory=list)
     order: int | None = None
     inferred: list[str] = dataclasses.field(default_factory=list)
@@ -321,16 +329,19 @@ def format_axis_value(v: Any) -> str:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds)."""
+    """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds): at most MAX_SEEDS seeds, each a valid config seed."""
     out: list[int] = []
-    try:
-        for part in filter(None, (p.strip() for p in str(text).split(","))):
-            a, _, b = part.partition("-")
-            out += range(int(a), int(b or a) + 1)
-    except ValueError:
-        raise RegistryError([f"--seeds {text!r}: expected integers like 0,1,2 or a range like 0-4"]) from None
-    if not out:
-        raise RegistryError([f"--seeds {text!r}: no seeds given"])
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        a, dash, b = part.partition("-")
+        if not (a.isdigit() and (b.isdigit() or not dash)):
+            raise RegistryError([f"--seeds {text!r}: expected integers like 0,1,2 or a range like 0-4"])
+        lo, hi = int(a), int(b or a)
+        if not 0 <= lo <= hi < 2**31 or hi - lo >= MAX_SEEDS:
+            raise RegistryError([f"--seeds {text!r}: {part!r}: allowed: seeds in 0..{2**31 - 1}, a range low-high "
+                                 f"with low <= high, at most {MAX_SEEDS} seeds"])
+        out += range(lo, hi + 1)
+    if not out or len(out) > MAX_SEEDS:
+        raise RegistryError([f"--seeds {text!r}: allowed: 1 to {MAX_SEEDS} seeds"])
     return out
 
 
@@ -428,8 +439,9 @@ def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list
         params = dict(entry.rule) if isinstance(entry.rule, dict) else {}
         kind = params.pop("kind", None)
         if kind not in RULES:
-            hit = closest(kind, RULES)
-            problems.append(f"{where}.rule.kind: got {kind!r}; allowed: {', '.join(RULES)}"
+            hit, typo = closest(kind, RULES), kind is None and closest("kind", map(str, params))
+            got = f"missing ({typo!r} is not a key; did you mean kind?)" if typo else f"got {kind!r}"
+            problems.append(f"{where}.rule.kind: {got}; allowed: {', '.join(RULES)}"
                             + (f" (did you mean {hit!r}?)" if hit else ""))
             continue
         try:
@@ -492,7 +504,7 @@ def load_registry(
     variants = _expand_variants(fs, leaves, where, problems)
     reg = Registry(
         name=fs.name, figure=fs.figure, title=fs.title or fs.name, kind=fs.kind, path=path, base=fs.base,
-        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels),
+        seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels), x=fs.x,
         claims=_claims(fs, variants, src, problems), order=fs.order, inferred=list(fs.inferred),
         description=" ".join(fs.description.split()), shared=flat_settings(fs.set, leaves, f"{where}set", problems),
         profiles=list(fs.profiles), scale=scale or DEFAULT_SCALE,

@@ -179,6 +179,8 @@ def describe(tp: Any, metadata: typing.Iterable[Any] = ()) -> str:
                 bounds.append(text.format(f"{v:g}" if isinstance(v, float) else v))
     if get_origin(inner) is Literal:
         s = "one of " + ", ".join(repr(a) for a in get_args(inner))
+    elif get_origin(inner) in (Union, types.UnionType):
+        s = " or ".join(describe(a) for a in get_args(inner))
     elif dataclasses.is_dataclass(inner):
         s = "a section with keys " + ", ".join(_fields(inner))
     else:
@@ -195,6 +197,8 @@ def _walk(cls: Any, loc: tuple) -> tuple[str, Any, list]:
     meta: list = []
     for part in loc:
         inner = base_type(tp)[1]
+        if isinstance(part, int) and get_origin(inner) in (Union, types.UnionType):  # `int | list[int]`: the list
+            inner = next((a for a in get_args(inner) if get_origin(a) in (dict, list)), inner)
         fields = _fields(inner)
         if isinstance(part, str) and part in fields:
             names.append(part)

@@ -31,11 +31,11 @@ import numpy as np
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
-from pydantic import Field, FiniteFloat, model_validator
+from pydantic import Field, model_validator
 
 from harness import config, keys, prog, schema, tracking
 from harness.config import TrainConfig, from_dict, merge
-from harness.schema import ConfigError, section
+from harness.schema import Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, section
 
 ATTR_OUTCOME = "outcome"  # trial user attr, set once a trial reached an outcome
 ATTR_SWEEP = "sweep"  # study user attr: the resolved sweep (space, objective, ...) that analysis reads
@@ -52,19 +52,19 @@ class Dimension:
 
     type: Literal["float", "int", "categorical"] | None = None
     """How to sample; default: the field's own type (bool and Literal fields: categorical over all values)."""
-    low: FiniteFloat | None = None
+    low: Float | None = None
     """Lowest value (inclusive); it must itself be a valid value of the config field."""
-    high: FiniteFloat | None = None
+    high: Float | None = None
     """Highest value (inclusive); it must itself be a valid value of the config field."""
-    log: bool = False
+    log: Bool = False
     """Sample on a log scale (needs low > 0)."""
-    step: Annotated[FiniteFloat, Field(gt=0)] | None = None
+    step: Pos | None = None
     """Discretization step on a linear scale (int axes: 1 by default)."""
     choices: list[Scalar] | None = None
     """Categorical values, each a valid value of the config field."""
     grid: list[Scalar] | None = None
     """Values the grid sampler tries (default: `grid_points` values spaced from low to high, or the choices)."""
-    grid_points: Annotated[int, Field(ge=1)] | None = None
+    grid_points: PosCount | None = None
     """Grid values spaced from low to high without `grid` (default 3; all of an int range of at most 5)."""
 
     @model_validator(mode="after")
@@ -91,11 +91,11 @@ class Objective:
 
     metric: str = "auto"
     """A step metric from harness/keys.py; auto = objective/gold_score on the world, else objective/rm_score."""
-    last_steps: Annotated[int, Field(ge=1)] = 10
+    last_steps: PosCount = 10
     """Logged steps averaged into a run's score."""
     collapsed: Literal["penalty", "worst", "ignore"] = "penalty"
     """How a collapsed run scores: penalty (score_run) | worst (of the completed trials so far) | ignore."""
-    collapse_penalty: Annotated[FiniteFloat, Field(ge=0)] = 1.0
+    collapse_penalty: NonNeg = 1.0
     """What `penalty` takes off a collapsed run's score, in metric units."""
 
 
@@ -105,11 +105,11 @@ class Sampler:
 
     name: Literal["tpe", "random", "grid"] = "tpe"
     """tpe (multivariate TPE, constant liar for parallel workers) | random | grid (every axis's grid values)."""
-    seed: int | None = 0
+    seed: Seed | None = 0
     """Base seed; every worker and continued run offsets it, so none repeats another's draws (null = random)."""
-    n_startup_trials: Annotated[int, Field(ge=0)] = 5
+    n_startup_trials: Count = 5
     """tpe: random trials before TPE models the objective."""
-    multivariate: bool = True
+    multivariate: Bool = True
     """tpe: model the parameters jointly."""
 
 
@@ -119,15 +119,15 @@ class Pruner:
 
     name: Literal["median", "threshold", "none"] = "median"
     """median (below the median of earlier trials at the same step) | threshold (outside [lower, upper]) | none."""
-    n_startup_trials: Annotated[int, Field(ge=0)] = 4
+    n_startup_trials: Count = 4
     """median: trials that finish before any trial is pruned."""
-    n_warmup_steps: Annotated[int, Field(ge=0)] | None = None
+    n_warmup_steps: Count | None = None
     """Steps before a trial can be pruned (default: steps // 5 for median, 0 for threshold)."""
-    interval_steps: Annotated[int, Field(ge=1)] = 1
+    interval_steps: PosCount = 1
     """Check every this many steps."""
-    lower: FiniteFloat | None = None
+    lower: Float | None = None
     """threshold: prune when the running objective falls below this."""
-    upper: FiniteFloat | None = None
+    upper: Float | None = None
     """threshold: prune when the running objective rises above this."""
 
     @model_validator(mode="after")
@@ -165,11 +165,11 @@ class SweepFile:
     """Train config YAML every trial starts from, relative to this file."""
     set: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Train-config overrides for every trial (dotted keys)."""
-    steps: Annotated[int, Field(ge=1)] | None = None
+    steps: PosCount | None = None
     """Shorthand for ppo.steps (beats `set`; --set beats both)."""
-    seeds: Annotated[int, Field(ge=1)] | list[int] = 1
+    seeds: Annotated[Int, Field(ge=1, le=1000)] | list[Seed] = 1
     """Seeds per trial: a count n (the config's seed + 0..n-1) or a list; the trial's value is the mean."""
-    trials: Annotated[int, Field(ge=1)] | None = None
+    trials: PosCount | None = None
     """TOTAL trials the study should hold (default 16; with the grid sampler the grid size)."""
     direction: Literal["maximize", "minimize"] = "maximize"
     """Optimization direction of the objective."""
@@ -248,8 +248,8 @@ def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[D
         spaced = (np.geomspace if dim.log else np.linspace)(dim.low, dim.high, n)  # even on the axis's scale
         spaced = sorted({int(round(v)) for v in spaced}) if typ == "int" else [float(f"{v:.6g}") for v in spaced]
         grid = dim.grid or spaced
-        bad += [f"{where}.grid: got {g!r}; allowed: numbers in [{dim.low:g}, {dim.high:g}]" for g in grid
-                if isinstance(g, (bool, str)) or g is None or not dim.low <= g <= dim.high]
+        bad += [f"{where}.grid.{i}: got {g!r}; allowed: numbers in [{dim.low:g}, {dim.high:g}]"
+                for i, g in enumerate(grid) if isinstance(g, (bool, str)) or g is None or not dim.low <= g <= dim.high]
         if bad:
             return None, bad
         cast = int if typ == "int" else float
@@ -356,7 +356,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
     problems += preflight(cfg) + _point_problems(f, space)
     numeric = [k for k, d in space.items() if d.type != "categorical"]
     pair = list(f.plots.pair) or numeric[:2]
-    if f.plots.pair and (len(pair) != 2 or not set(pair) <= set(numeric)):
+    if f.plots.pair and (len(pair) != 2 or not set(pair) <= set(numeric) | (set(f.search_space) - set(space))):
         problems.append(f"plots.pair: got {pair!r}; allowed: two numeric search-space keys from {numeric}")
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
@@ -727,7 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="train-config override for every trial (ppo.steps=50), or sweep.<field>=v for the sweep "
                    "file (sweep.seeds=2, sweep.pruner.name=none); repeatable")
-    p.add_argument("--validate", action="store_true", help="only validate the sweep file and print the search space")
+    p.add_argument("--dry-run", action="store_true", help="validate the sweep file and print the search space; "
+                   "nothing is created")
     return p
 
 
@@ -739,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError([f"{flag}: got {v}; allowed: an integer >= 1"])
         trials = [] if args.trials is None else [f"sweep.trials={args.trials}"]
         spec = load_sweep(args.file, args.overrides + trials, args.tracking_uri)
-        if args.validate:
+        if args.dry_run:
             print(f"sweep {spec.name}: {spec.trials} trials x {len(spec.seeds)} seed(s) x {spec.steps} steps, "
                   f"objective {spec.metric} ({spec.direction})")
             for k, v in spec.to_attr()["search_space"].items():
