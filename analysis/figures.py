@@ -71,18 +71,13 @@ def seed_band(metrics: pd.DataFrame, metric: str, smooth_k: int = 1) -> pd.DataF
 
 
 def sampled_tokens(data: AblationData) -> pd.DataFrame | None:
-    """Per (variant, step), mean over seeds: the response tokens a run sampled in its PPO steps up to and
-    including `step`, sum over t <= step of ppo.rollout_batch_size (responses per step, all ranks; the
-    run's param) x response/length_mean(t). Exact: every PPO step logs its mean length. Not counted:
-    rollouts before step 1 (reward-stat seeding, critic pretraining) and ReMax's greedy baselines.
-    None when the figure's x axis is the step."""
+    """Per (variant, step), mean over seeds: the response tokens a run had sampled by the end of `step`
+    (the trainer's response/sampled_tokens: every rollout but eval, so reward-stat seeding, critic
+    pretraining and ReMax's greedy baselines count). None when the figure's x axis is the step."""
     if data.spec.x != "sampled_tokens":
         return None
-    c = tracking.client(data.tracking_uri)
-    per_step = {r: float(c.get_run(r).data.params["ppo.rollout_batch_size"]) for r in data.runs["run_id"]}
-    m = data.metrics(K.LENGTH).sort_values(["run_id", "step"])
-    m = m.assign(x=m.groupby("run_id")["value"].cumsum() * m["run_id"].map(per_step))
-    return m.groupby(["variant", "step"])["x"].mean().reset_index()
+    m = data.metrics(K.SAMPLED_TOKENS)
+    return m.groupby(["variant", "step"])["value"].mean().rename("x").reset_index()
 
 
 def at_x(xs: pd.DataFrame | None, variant: str, steps) -> np.ndarray:

@@ -36,6 +36,8 @@ class Curve:
     """Gold lost per step after `collapse_at` (0: gold holds while the indicators collapse)."""
     ppl_spikes: bool = False
     """Per-sample perplexity jumps to 50 on odd steps (one unlikely short response); the token-pooled one does not."""
+    batch: int = 32
+    """Responses per step: response/sampled_tokens grows by batch x mean length per step."""
 
 
 def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, seed_offset: float,
@@ -100,7 +102,10 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
             after = (lambda s: max(0, s - curve.collapse_at)) if collapsed else (lambda s: 0)  # noqa: E731
             per_step = {s: step_metrics(curve, s, steps, rng, offset, gold) for s in range(1, steps + 1)}
+            tokens = 0.0
             for s, m in per_step.items():
+                tokens += curve.batch * m[K.LENGTH]
+                m[K.SAMPLED_TOKENS] = tokens
                 if seed in old_seeds:
                     del m[K.PPL_TOKENS]
                 if win_rate and s % 5 == 0:

@@ -20,6 +20,7 @@ NON_SCORE_REWARD = "objective/non_score_reward"  # summed KL-penalty reward per 
 SCORE_PROCESSED = "objective/score_processed"  # score after scaling/normalization/clipping
 
 LENGTH = "response/length_mean"
+SAMPLED_TOKENS = "response/sampled_tokens"  # response tokens sampled so far (all rollouts but eval; cumulative)
 LENGTH_MAX = "response/length_max"
 FRAC_AT_CAP = "response/frac_at_cap"
 
@@ -84,7 +85,7 @@ WORLD_BUILD_S = "world/build_s"
 
 STEP_METRICS = [
     RM_SCORE, RM_SCORE_STD, KL, KL_K3, KL_COEF, ENTROPY, PPL, PPL_REF, NON_SCORE_REWARD,
-    SCORE_PROCESSED, LENGTH, LENGTH_MAX, FRAC_AT_CAP, PG_LOSS, ENTROPY_LOSS, PTX_LOSS, APPROX_KL,
+    SCORE_PROCESSED, LENGTH, SAMPLED_TOKENS, LENGTH_MAX, FRAC_AT_CAP, PG_LOSS, ENTROPY_LOSS, PTX_LOSS, APPROX_KL,
     POLICY_CLIPFRAC, RATIO_MEAN, RATIO_STD, RATIO_MAX, VF_LOSS, VF_CLIPFRAC, VALUES, RETURNS,
     RETURNS_STD, ADV_MEAN, ADV_STD, ADV_RAW_MEAN, ADV_RAW_STD, REWARD_RUNNING_MEAN,
     REWARD_RUNNING_STD, GRAD_NORM_POLICY, GRAD_NORM_CRITIC, LR_POLICY, LR_CRITIC, TOKENS_PER_S,

@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the runs are done; say what failed
         errors = [f"{type(e).__name__}: {e}"]
         print(f"  FAILED: {errors[0]}", file=sys.stderr)
+    from analysis.compare import after_run
+
+    print("\nagainst the committed reference results (python -m analysis.compare):")
+    after_run(reg.name, uri)  # per claim: the reference's verdict and this run's; per metric: in the band or not
     print(f"\ndone in {ablate.fmt_duration(time.time() - t0)}.")
     if pdf is not None:
         print(f"report: {pdf.resolve()}\n  open it:    xdg-open {pdf}   (macOS: open {pdf})")

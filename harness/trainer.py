@@ -135,6 +135,7 @@ class PPOTrainer:
         self.kl_ctl = KLController(p.kl_coef, p.kl_target if p.kl_controller == "adaptive" else None, p.kl_horizon)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.rollout_counter = 0  # rollouts made so far: the sampling noise's counter
+        self.sampled_tokens = 0  # response tokens sampled so far, all ranks (training rollouts, ReMax's greedy ones)
         self.prompt_order: list[int] = []
         self.prompt_tokens = [self._encode_prompt(t) for t in source.train_prompts]
         self.eval_tokens = [self._encode_prompt(t) for t in source.eval_prompts]
@@ -256,11 +257,14 @@ class PPOTrainer:
         logprobs, ref_logprobs, values = gt(logprobs.float() * mask, B), gt(ref_logprobs.float() * mask, B), gt(values * mask, B)
         entropy = gt(entropy.float(), B)
         ro, scores, prompts, responses, gold = self.scored(ro, B)
+        self.sampled_tokens += int(ro.lengths.sum())
         processed = self.process(scores)
         baseline = None
         if p.adv_estimator in NEEDS_GREEDY:  # ReMax: the greedy response's processed score, per prompt
-            greedy = self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True)
-            baseline = self.process(self.scored(greedy, len(lists))[1], update_stats=False).repeat_interleave(G)
+            greedy, greedy_scores = self.scored(self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True),
+                                                len(lists))[:2]
+            self.sampled_tokens += int(greedy.lengths.sum())
+            baseline = self.process(greedy_scores, update_stats=False).repeat_interleave(G)
         t2 = time.perf_counter()
         mask = ro.response_mask.float()
         kl = (logprobs - ref_logprobs) * mask
@@ -463,6 +467,7 @@ class PPOTrainer:
             keys.NON_SCORE_REWARD: b.non_score_rewards.sum(1).mean().item(),
             keys.SCORE_PROCESSED: b.processed_scores.mean().item(),
             keys.LENGTH: lengths.mean().item(),
+            keys.SAMPLED_TOKENS: float(self.sampled_tokens),
             keys.LENGTH_MAX: lengths.max().item(),
             keys.FRAC_AT_CAP: (lengths >= self.cfg.generation.max_new_tokens).float().mean().item(),
             keys.ADV_RAW_STD: masked_var(b.advantages, mask, unbiased=False).sqrt().item(),
@@ -537,7 +542,7 @@ class PPOTrainer:
         s = {
             "reward_stats": self.reward_stats.state_dict(), "kl_coef": self.kl_ctl.value,
             "data_gen": self.data_gen.get_state(), "prompt_order": torch.tensor(self.prompt_order, dtype=torch.long),
-            "rollout_counter": self.rollout_counter, "world_size": self.env.world_size,
+            "rollout_counter": self.rollout_counter, "world_size": self.env.world_size, "sampled_tokens": self.sampled_tokens,
         }
         for name, e in self.engines().items():
             s[name], s[f"{name}_opt"] = e.full_state()
@@ -553,3 +558,4 @@ class PPOTrainer:
         self.data_gen.set_state(s["data_gen"])
         self.prompt_order = s["prompt_order"].tolist()
         self.rollout_counter = int(s["rollout_counter"])
+        self.sampled_tokens = int(s["sampled_tokens"])

@@ -57,7 +57,7 @@ CELL_PAD = 3
 SAMPLES_PER_VARIANT = 2
 MAX_RESPONSE_CHARS = 500
 MAX_SWEEP_ROWS = 40
-SWEEP_COLS_PER_TABLE = 7
+SWEEP_COLS_PER_TABLE = 8  # a 2-D sweep's trials (failure reasons too) in one table
 COMBINED = "harness-report.pdf"
 RESULTS = "results"  # what a user's build writes (ignored by git)
 REFERENCE = REPO_ROOT / "reports"  # the committed reports, rebuilt only with --reference
@@ -204,11 +204,15 @@ class Section:
 def overview(sec: Section, st) -> Table:
     spec, d, runs = sec.spec, sec.data, sec.data.runs
     status = ", ".join(f"{k} {v}" for k, v in runs["status"].value_counts().items()) or "none"
+    n = len(runs)
+    trials = (sec.sweep or {}).get("table_full")
+    if isinstance(trials, pd.DataFrame):  # a sweep's runs are its trials' (they carry no variant tag)
+        n, status = sum(len(ids) for ids in trials["mlflow_run_ids"] if isinstance(ids, list)), f"{len(trials)} trials"
     elsewhere = sorted(set(runs["experiment"]) - {spec.name})
     rows = [
         ["figure", spec.figure or "–"], ["kind", spec.kind], ["description", spec.description],
         ["inferred (not stated by the paper)", "\n".join(spec.inferred)], ["base config", spec.base or ""],
-        ["seeds (registry)", ", ".join(map(str, spec.seeds))], ["runs in store", f"{len(runs)} ({status})"],
+        ["seeds (registry)", ", ".join(map(str, spec.seeds))], ["runs in store", f"{n} ({status})"],
         ["runs read from", f"experiment {', '.join(elsewhere)} (no runs in experiment {spec.name!r}: the world "
                            "build's own runs stand in)" if elsewhere else ""],
         ["code of the runs", ", ".join(sorted({c for c in runs["git_commit"] if c}))],
@@ -310,8 +314,12 @@ def sweep_flowables(sec: Section, st) -> list:
     sweep = sec.sweep or {}
     out: list = []
     if sweep.get("best"):
-        out += [P("Best trial", st["h2"]), table([[str(k), str(v)] for k, v in sweep["best"].items()], [0.3, 0.7], st,
-                                                 header=False)]
+        b = sweep["best"]
+        rows = [["trial", str(b["number"])], ["objective", fmt(b["value"], 4)]]
+        rows += [["collapsed", str(b["collapsed"]).lower()]] if "collapsed" in b else []
+        rows += [[k, fmt(v, 4) if isinstance(v, float) else str(v)] for k, v in b["params"].items()]
+        rows += [["MLflow runs", ", ".join(map(str, b.get("mlflow_run_ids") or []))]]
+        out += [P("Best trial", st["h2"]), table(rows, [0.3, 0.7], st, header=False)]
     for fig in sweep.get("figures") or []:
         if Path(fig).is_file():  # the spacers keep the PNG's opaque white edge off the table rules around it
             out += [Spacer(1, 4), FitImage(Path(fig), FRAME_H * 0.6), Spacer(1, 4)]
