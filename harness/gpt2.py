@@ -38,28 +38,33 @@ def block(blk: torch.nn.Module, x: torch.Tensor, attend: Callable[[torch.nn.Modu
 def packed_hidden(trunk: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
                   out: torch.Tensor) -> torch.Tensor:
     """Final hidden states [M, E] at the positions `out` ([B, T] bool, real positions only, in
-    row-major order) of the padded batch ids/attn/pos [B, T].
+    row-major order) of the padded batch ids/attn/pos [B, T], whose real tokens (attn == 1) are one
+    contiguous span per row (a left-padded prompt, then a right-padded response).
 
-    Only the N real tokens (attn == 1) go through the embeddings, linear layers, layer norms and
-    GELU, as one [N, E] matrix: on rollouts (left-padded prompts, right-padded responses) that is
-    about half the work of the padded batch. Attention alone runs in the padded [B, H, T, D] layout
-    (a scatter in, a gather out; each query attends causally to its row's real keys, and also to
-    itself, so a pad query row is never empty: its output is unused, but must not be NaN, even in
+    Only the N real tokens go through the embeddings, linear layers, layer norms and GELU, as one
+    [N, E] matrix: on rollouts that is about half the work of the padded batch. Attention alone
+    runs in a [B, H, L, D] layout where each row's span starts at 0 (L = the longest span; a scatter
+    in, a gather out, none without padding), so plain causal attention is exact for every real
+    query (a row's pads come after its real tokens) and no pad query row is empty (no NaN, even in
     the backward pass). Real rows equal the padded forward up to float round-off.
     """
     B, T = ids.shape
     E, H = trunk.config.n_embd, trunk.config.n_head
     real = attn.bool()
+    lens = real.sum(1)
+    L = int(lens.max())
     flat = real.flatten().nonzero().squeeze(1)  # [N] positions of the real tokens in B*T
+    # their places in the [B, L] layout: row b's span moved to start at column 0
+    at = None if L == T and len(flat) == B * T else (
+        torch.arange(B, device=ids.device).repeat_interleave(lens) * L + real.long().cumsum(1)[real] - 1)
     x = trunk.wte(ids.flatten()[flat]) + trunk.wpe(pos.flatten()[flat])
-    causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-    mask = ((causal[None] & real[:, None, :]) | torch.eye(T, dtype=torch.bool, device=ids.device)[None])[:, None]
 
     def attend(a: torch.nn.Module, qkv: torch.Tensor) -> torch.Tensor:
-        full = qkv.new_zeros(B * T, 3 * E).index_copy(0, flat, qkv).view(B, T, 3, H, E // H)
-        q, k, v = full.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling)
-        return o.transpose(1, 2).reshape(B * T, E)[flat]
+        if at is not None:
+            qkv = qkv.new_zeros(B * L, 3 * E).index_copy_(0, at, qkv)
+        q, k, v = qkv.view(B, L, 3, H, E // H).transpose(1, 3).unbind(2)  # [B, H, L, D] each
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.scaling).transpose(1, 2).reshape(B * L, E)
+        return o if at is None else o[at]
 
     for blk in trunk.h:
         x = block(blk, x, attend)

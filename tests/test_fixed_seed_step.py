@@ -183,6 +183,7 @@ def test_static_decoder_matches_model_forward(model_root):
 
 # ---- recorded tables (python tests/test_fixed_seed_step.py) ----
 PINNED['default_paths'] = {
+    'response/sampled_tokens': 141.0,  # added with the metric (the other values unchanged)
     'adv/mean': -4.5874375381727006e-08,
     'adv/raw_mean': -2.4060483872890472,
     'adv/raw_std': 3.07578182220459,
@@ -222,6 +223,7 @@ PINNED['default_paths'] = {
 }
 TOKENS['default_paths'] = [19, 4, 6, 24, 8, 40, 54, 17, 63, 44, 22, 3, 53, 13, 58, 48, 62, 39, 18, 54, 36, 16, 40, 28, 25, 7, 14, 55, 50, 43, 45, 36, 43, 19, 14, 62, 51, 61, 2, 0, 21, 45, 43, 45, 30, 54, 16, 8, 51, 39, 50, 36, 6, 35, 38, 14, 19, 23, 34, 50, 45, 28, 54, 53, 29, 38, 22, 29, 36, 19, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0]
 PINNED['bench_paths'] = {
+    'response/sampled_tokens': 192.0,  # added with the metric (the other values unchanged)
     'adv/mean': 2.4835269396561444e-09,
     'adv/raw_mean': -1.6402692794799805,
     'adv/raw_std': 5.963302135467529,
@@ -261,6 +263,7 @@ PINNED['bench_paths'] = {
 }
 TOKENS['bench_paths'] = [20, 5, 8, 26, 10, 42, 57, 12, 62, 43, 62, 7, 19, 3, 55, 12, 57, 49, 62, 37, 17, 52, 35, 20, 33, 13, 43, 33, 22, 7, 18, 56, 48, 40, 4, 55, 46, 38, 43, 19, 14, 62, 49, 62, 1, 5, 58, 36, 22, 47, 40, 44, 30, 55, 12, 8, 54, 40, 21, 52, 46, 32, 8, 36, 37, 12, 22, 27, 33, 48, 42, 32, 46, 32, 54, 54, 34, 34, 23, 26, 36, 19, 27, 16, 4, 33, 34, 18, 39, 25, 47, 16, 56, 13, 32, 41]
 PINNED['one_minibatch_entropy'] = {
+    'response/sampled_tokens': 141.0,  # added with the metric (the other values unchanged)
     'adv/mean': 0.0,
     'adv/raw_mean': 2.7970190048217773,
     'adv/raw_std': 2.9128267765045166,
@@ -301,6 +304,7 @@ PINNED['one_minibatch_entropy'] = {
 }
 TOKENS['one_minibatch_entropy'] = [16, 1, 6, 30, 6, 49, 60, 20, 63, 47, 28, 2, 0, 0, 0, 0, 0, 0, 0, 0, 38, 20, 47, 38, 36, 6, 14, 54, 48, 41, 49, 38, 47, 23, 13, 63, 53, 63, 3, 5, 18, 44, 40, 49, 39, 57, 13, 10, 57, 41, 50, 40, 10, 38, 41, 11, 35, 38, 41, 44, 51, 30, 44, 51, 47, 43, 25, 24, 41, 26, 1, 33, 34, 24, 41, 28, 47, 11, 55, 11]
 PINNED['apa_paths'] = {
+    'response/sampled_tokens': 64.0,  # added with the metric (the other values unchanged)
     'adv/mean': -2.2351741790771484e-08,
     'adv/raw_mean': 0.4702805280685425,
     'adv/raw_std': 0.898611307144165,
