@@ -2,13 +2,16 @@
 (`score_store`; printed by reports.build: the combined report's last page, reports/README.md).
 
 - Gold fell (the truth the world knows): the EMA (factor collapse.smoothing) of the per-step gold
-  score (objective/gold_score) stays below the SFT model's mean gold for collapse.patience steps in
-  a row; its step is the first of that streak. The SFT model's mean gold: the run's eval gold at
-  step 0 (the policy before its first update is the SFT model), else the mean gold of the run's
-  first 10% of steps (`initial`, harness.summary).
+  score (objective/gold_score) stays below the start's gold for collapse.patience steps in a row;
+  its step is the first of that streak. The start's gold: the mean per-step gold of the run's first
+  10% of steps (`initial`, harness.summary), where the policy is still about the SFT model, on the
+  same training prompts (the eval gold at step 0 is on other prompts: another level).
 - The rule fired: harness.metrics.replay over the run's logged rows with its own collapse settings
-  (its params), once as the trainer runs it (per-sample perplexity) and once with the token-pooled
-  perplexity (objective/ppl_tokens) in its place.
+  (its params) but without the gold score: the indicators alone (KL, perplexity, length at the cap),
+  which is all the rule has without a gold reward (HH-RLHF, real models). On the world the trainer's
+  rule also watches gold itself (`collapse.gold_drop`), so scoring that part against gold would be
+  circular. Once with the per-sample perplexity (the trainer's) and once with the token-pooled one
+  (objective/ppl_tokens) in its place.
 - Lead time = gold-fall step - rule step (> 0: the rule warned first); a miss: gold fell and the
   rule never fired; a false alarm: the rule fired and gold never fell.
 Only runs that log gold and both perplexities count, so both rules are scored on the same runs.
@@ -54,22 +57,23 @@ def _run_row(uri: str, run) -> dict | None:
     params = {k.split(".", 1)[1]: parse_value(v) for k, v in run.data.params.items() if k.startswith("collapse.")}
     cfg = from_dict(params, CollapseConfig)
     gold = [(s, m[K.GOLD_SCORE]) for s, m in rows.items()]
-    sft = dict(tracking.metric_history(uri, run.info.run_id, K.EVAL_GOLD)).get(0)
-    sft = reduce_run([g for _, g in gold], "initial") if sft is None else sft
+    sft = reduce_run([g for _, g in gold], "initial")
     tags = run.data.tags
     out = {"run_id": run.info.run_id, "ablation": tags.get(K.TAG_ABLATION, ""), "variant": tags.get(K.TAG_VARIANT, ""),
            "seed": tags.get(K.TAG_SEED, ""), "sft_gold": sft, "gold_fell": gold_fall(gold, sft, cfg)}
+    indicators = [(s, {k: v for k, v in m.items() if k != K.GOLD_SCORE}) for s, m in rows.items()]
     for name, ppl in RULES.items():
-        event = replay(cfg, rows.items(), ppl)
+        event = replay(cfg, indicators, ppl)
         out[name] = None if event is None else event.step
     return out
 
 
 def run_table(tracking_uri: str) -> pd.DataFrame:
-    """Per train run of the store with gold and both perplexities: the gold-fall step and each rule's step."""
+    """Per finished train run of the store with gold and both perplexities: the gold-fall step and each
+    rule's step (runs in flight or failed are not scored)."""
     c = tracking.client(tracking_uri)
     runs = [r for e in c.search_experiments() for r in c.search_runs(
-        [e.experiment_id], f"tags.`{K.TAG_ROLE}` = 'train'", max_results=50000)]
+        [e.experiment_id], f"tags.`{K.TAG_ROLE}` = 'train' and attributes.status = 'FINISHED'", max_results=50000)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         rows = [r for r in pool.map(lambda r: _run_row(tracking_uri, r), runs) if r is not None]
     return pd.DataFrame(rows, columns=["run_id", "ablation", "variant", "seed", "sft_gold", "gold_fell", *RULES])
@@ -115,5 +119,6 @@ def table_rows(scores: dict) -> list[list[str]]:
     return rows
 
 
-CHOICE = ("the trainer's rule keeps the per-sample perplexity until a store of real runs says otherwise "
-          "(harness.metrics.CollapseDetector's ppl_key)")
+CHOICE = ("the trainer keeps the per-sample perplexity (harness.metrics.CollapseDetector's ppl_key) unless "
+          "the token-pooled rule scores better on real runs; on the embedded world's reference runs the two fire "
+          "at the same steps: the KL and length signals decide before perplexity does")

@@ -140,3 +140,15 @@ def test_lead_misses_and_false_alarms_on_a_synthetic_store(tmp_path):
     s[TOKENS]["misses"] = 1  # equal errors and lead: no choice
     s[TOKENS]["lead median"] = s[CURRENT]["lead median"]
     assert collapse_rule.better(s) is None
+
+
+def test_only_finished_runs_are_scored_against_the_starts_gold(tmp_path):
+    """A run in flight is not scored (its gold may yet fall); the baseline is the run's own early
+    per-step gold, not the eval gold at step 0 (other prompts, another level)."""
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    write_ablation(uri, "rule", "4", {"healthy": Curve()}, seeds=[0], steps=40, sample_every=0)
+    (rid,) = collapse_rule.run_table(uri)["run_id"]
+    tracking.MetricLogger(uri, rid).log({keys.EVAL_GOLD: 5.0}, step=0)  # far above every training-prompt gold
+    assert pd.isna(collapse_rule.run_table(uri).set_index("run_id").loc[rid, "gold_fell"])
+    tracking.reopen_run(uri, rid)
+    assert collapse_rule.run_table(uri).empty
