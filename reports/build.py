@@ -11,6 +11,7 @@ import datetime as _dt
 import importlib
 import math
 import platform
+import shutil
 import sys
 from dataclasses import dataclass, field
 from html import escape
@@ -437,10 +438,13 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
+    whole = whole or (reference and bool(sections))  # the reference: every figure it holds
     scores = collapse_rule.score_store(uri) if whole or reference else {}
     combined = write_pdf(out / COMBINED, sections, info, st, collapse_flowables(scores, st)) if whole else None
-    if reference:
-        write_reference(sections, scores, out)
+    if reference:  # the committed folder holds reference results only: no report of older runs stays
+        for name in skipped:
+            shutil.rmtree(out / name, ignore_errors=True)
+        write_reference(sections, scores, out, skipped)
     return BuildResult(reports, combined, errors, skipped)
 
 

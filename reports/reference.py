@@ -17,17 +17,17 @@ TEMPLATE = Path(__file__).with_name("README.template.md")
 MARK = "<!-- results: written by reports.build --reference -->"
 
 
-def reference_summary(sections: list, collapse: dict) -> dict[str, Any]:
+def reference_summary(sections: list, collapse: dict, not_run: list[str]) -> dict[str, Any]:
     """Per figure `summarize`, the collapse rule scored on every run of the store
     (analysis.collapse_rule.score_store), the runs' provenance (each provenance tag: its one value,
-    or the sorted distinct values)."""
+    or the sorted distinct values), and the registry's figures the store has no runs of."""
     figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
     seen: dict[str, set] = {}
     for s in sections:
         for tags in s.data.runs["provenance"]:
             for k, v in tags.items():
                 seen.setdefault(k, set()).add(v)
-    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(),
+    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(), "not_run": sorted(not_run),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
 
 
@@ -74,14 +74,16 @@ def readme(summary: dict) -> str:
              ""]
     for name, f in summary["figures"].items():  # the sections' order: the paper's
         lines += figure_text(name, f)
+    if summary["not_run"]:
+        lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
     lines += collapse_text(summary["collapse_rule"]) + ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
 
 
-def write_reference(sections: list, collapse: dict, out: Path) -> dict[str, Any]:
+def write_reference(sections: list, collapse: dict, out: Path, not_run: list[str]) -> dict[str, Any]:
     """OUT/reference.json and OUT/README.md; returns the summary."""
-    summary = reference_summary(sections, collapse)
+    summary = reference_summary(sections, collapse, not_run)
     (out / "reference.json").write_text(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     (out / "README.md").write_text(readme(summary))
     return summary

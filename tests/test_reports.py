@@ -215,3 +215,18 @@ def test_default_output_is_results_only_and_reference_writes_summary_and_readme(
     assert "| Vanilla PPO collapses. | paper 5.2 | **inconclusive**: fewer than 5 runs per variant: no verdict | 2 |" in readme
     assert "Inferred (not stated by the paper): Two seeds stand for the paper's one run." in readme
     assert "### The collapse rule against the gold reward" in readme and "- commit: synthetic" in readme
+
+
+def test_reference_of_a_partial_store_holds_only_its_figures(built, tmp_path):
+    """--reference over every figure: those with runs are drawn and combined; a figure without runs
+    loses its old folder (no report of older code passes for a reference result) and is listed."""
+    import json
+
+    stale = tmp_path / "ref" / "apa"
+    stale.mkdir(parents=True)
+    (stale / "report.pdf").write_bytes(b"%PDF old")
+    res = build(None, built["uri"], tmp_path / "ref", ablations_dir=built["registry"], log_figures=False, reference=True)
+    assert "apa" in res.skipped and not stale.exists() and res.combined is not None
+    ref = json.loads((tmp_path / "ref" / "reference.json").read_text())
+    assert "apa" in ref["not_run"] and set(ref["figures"]) >= {"kl_eta", "vanilla"}
+    assert "Not yet run for the reference (no results here): " in (tmp_path / "ref" / "README.md").read_text()
