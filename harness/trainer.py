@@ -219,7 +219,7 @@ class PPOTrainer:
         # parameters: forward those rows apart, keeping their graphs for it to backprop through (one
         # minibatch: each rank's share is its own rollout shard; several: one rank only).
         keep = self.policy.keeps_graphs and (p.num_minibatches == 1 or self.env.world_size == 1)
-        rows = perm[: B // p.num_minibatches].sort().values if keep and p.num_minibatches > 1 else None
+        rows = perm[: B // p.num_minibatches].sort().values.to(seq.device) if keep and p.num_minibatches > 1 else None
         first: dict = {}
 
         def forward(fn, name: str, *extra: str):
@@ -234,7 +234,7 @@ class PPOTrainer:
             with torch.enable_grad():
                 out = fn(seq[rows], attn[rows], ro.response_ids[rows])
             first.update(zip((name, *extra), out))
-            rest = torch.ones(len(seq), dtype=torch.bool)
+            rest = torch.ones(len(seq), dtype=torch.bool, device=seq.device)
             rest[rows] = False
             others = fn(seq[rest], attn[rest], ro.response_ids[rest])
             return tuple(None if a is None else torch.empty(len(seq), *a.shape[1:], dtype=a.dtype, device=a.device)
