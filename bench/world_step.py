@@ -1,7 +1,7 @@
 """World-scale PPO step: time and model FLOPs per phase, and MFU against the fp32 matmul peak
 measured in the same run (issue 14). Optionally the same measurement of an older commit, alternating.
 
-    python -m bench.world_step [--baseline REV] [--reps 3] [--steps 20] [--out bench/results_world.json]
+    python -m bench.world_step [--baseline REV] [--compare-set KEY=VALUE] [--reps 3] [--steps 20] [--out bench/results_world.json]
 
 The workload is what users run every day: the embedded world's models (GPT-2 3 x 128, vocab 188),
 `ablations/bases/vanilla.yaml` (batch 32, 24-token cap, 2 epochs x 2 minibatches, fp32), 1 torch
@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child(world: str, steps: int, warmup: int) -> dict:
+def child(world: str, steps: int, warmup: int, extra: list[str] | None = None) -> dict:
     """Run warmup + steps world-scale steps in this process; per step: phase timers, CPU time and
     each row's real prompt and response lengths."""
     import torch
@@ -45,7 +45,7 @@ def child(world: str, steps: int, warmup: int) -> dict:
     d = tempfile.mkdtemp()
     cfg = load_config(str(REPO / "ablations/bases/vanilla.yaml"), [
         f"ppo.steps={steps + warmup}", f"data.world_dir={world}", f"logging.tracking_uri=sqlite:///{d}/m.db",
-        f"logging.output_dir={d}/runs", "threads=1", "seed=0"])
+        f"logging.output_dir={d}/runs", "threads=1", "seed=0", *(extra or [])])
     dev = torch.device("cpu")
     trainer = PPOTrainer(cfg, Models(cfg, dev), hd.load_source(cfg), dev)
     out = []
@@ -74,10 +74,10 @@ def flops(step: dict, conf: dict, size) -> dict[str, float]:
             "update": conf["epochs"] * 3 * (lm + critic)}
 
 
-def measure(tree: Path, world: str, steps: int, warmup: int) -> dict:
+def measure(tree: Path, world: str, steps: int, warmup: int, extra: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     code = (f"import sys, json; sys.path.insert(0, {str(REPO / 'bench')!r}); import world_step; "
-            f"print('BENCH_JSON ' + json.dumps(world_step.child({world!r}, {steps}, {warmup})))")
+            f"print('BENCH_JSON ' + json.dumps(world_step.child({world!r}, {steps}, {warmup}, {extra!r})))")
     p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, timeout=1800)
     line = [x for x in p.stdout.splitlines() if x.startswith("BENCH_JSON ")]
     if p.returncode or not line:
@@ -108,6 +108,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="measured steps per repetition (default 20)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default="bench/results_world.json")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every tree, e.g. model.autocast=bf16 (repeatable)")
+    ap.add_argument("--compare-set", dest="compare", action="append", default=[], metavar="KEY=VALUE",
+                    help="also measure the current tree with these overrides on top (repeatable), e.g. "
+                         "--compare-set model.autocast=bf16: an option's speed against the default")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from bench.common import Size
@@ -118,16 +123,21 @@ def main(argv=None) -> int:
     cfg = json.loads((Path(world) / "sft" / "config.json").read_text())
     size = Size("world", cfg["n_layer"], cfg["n_embd"], cfg["vocab_size"], cfg["n_head"], cfg["n_positions"])
     trees = {"current": REPO}
+    extra = {"current": a.overrides}
     tmp = tempfile.TemporaryDirectory(prefix="bench_base_")
     if a.baseline:  # the old tree as files (git archive): no worktree left behind
         subprocess.run(f"git -C {REPO} archive {a.baseline} | tar -x -C {tmp.name}", shell=True, check=True)
         trees[f"baseline {a.baseline}"] = Path(tmp.name)
+        extra[f"baseline {a.baseline}"] = a.overrides
+    if a.compare:
+        name = "current " + " ".join(a.compare)
+        trees[name], extra[name] = REPO, a.overrides + a.compare
     res: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "versions": versions(),
                  "argv": sys.argv[1:], "load_before": load_avg(), "peak": [], "runs": {k: [] for k in trees}}
     res["peak"].append(peak_of(threads=1))
     for rep in range(a.reps):
         for name in (list(trees) if rep % 2 == 0 else list(trees)[::-1]):
-            r = measure(trees[name], world, a.steps, a.warmup)
+            r = measure(trees[name], world, a.steps, a.warmup, extra[name])
             res["runs"][name].append(r)
             print(f"[bench] rep {rep} {name}: median step "
                   f"{statistics.median(s['step_s'] for s in r['steps']):.3f} s", flush=True)
@@ -143,9 +153,9 @@ def main(argv=None) -> int:
     for name, sm in res["summary"].items():
         for ph, v in sm.items():
             print(f"| {name} | {ph} | {v['s']:.4f} | {v['gflop']:.2f} | {v['gflops']:.1f} | {100 * v['mfu']:.1f}% |")
-    if len(trees) == 2:
-        base = res["summary"][list(trees)[1]]["step"]["s"]
-        print(f"\nstep speedup vs baseline: {base / res['summary']['current']['step']['s']:.2f}x")
+    for name in list(trees)[1:]:
+        other = res["summary"][name]["step"]["s"]
+        print(f"\nstep time of {name} / current: {other / res['summary']['current']['step']['s']:.2f}x")
     tmp.cleanup()
     return 0
 

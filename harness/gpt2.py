@@ -35,6 +35,24 @@ def block(blk: torch.nn.Module, x: torch.Tensor, attend: Callable[[torch.nn.Modu
     return x + mlp.c_proj(mlp.act(mlp.c_fc(blk.ln_2(x))))
 
 
+SHORT_ROWS = 64
+"""Rows up to this length take the explicit softmax(q k^T) v form in `causal_attention`: on CPU it
+beats the flash kernel's tiling overhead for short rows (world rollouts are ~40 tokens), and above
+it the flash kernel wins (`bench/attention.py` measures both)."""
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * q k^T + causal mask) v over [B, H, L, D]: the same formula either way, one
+    of two kernels by row length (they agree to float round-off)."""
+    L = q.shape[-2]
+    if L > SHORT_ROWS or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    # additive mask: -inf above the diagonal; the diagonal is always kept, so no row is empty
+    mask = torch.full((L, L), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)
+    return torch.baddbmm(mask, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2), alpha=scale) \
+        .softmax(-1).bmm(v.flatten(0, 1)).view_as(q)
+
+
 def packed_hidden(trunk: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
                   out: torch.Tensor) -> torch.Tensor:
     """Final hidden states [M, E] at the positions `out` ([B, T] bool, real positions only, in
@@ -63,7 +81,7 @@ def packed_hidden(trunk: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
         if at is not None:
             qkv = qkv.new_zeros(B * L, 3 * E).index_copy_(0, at, qkv)
         q, k, v = qkv.view(B, L, 3, H, E // H).transpose(1, 3).unbind(2)  # [B, H, L, D] each
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.scaling).transpose(1, 2).reshape(B * L, E)
+        o = causal_attention(q, k, v, a.scaling).transpose(1, 2).reshape(B * L, E)
         return o if at is None else o[at]
 
     for blk in trunk.h:

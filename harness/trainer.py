@@ -119,7 +119,7 @@ class PPOTrainer:
                              f"policy's context of {self.max_positions} tokens, leaving room for the prompt")
         for model in (models.policy, models.reference, models.reward, models.critic):
             if model is not None:
-                fuse_activations(model)  # GPT-2's gelu_new as one fused kernel: same function, ~3x cheaper
+                fuse_activations(model)  # GPT-2's gelu_new in one cheap form: same function (rollout.GELUTanh)
         p, d = cfg.ppo, cfg.distributed
         schedule = lr_lambda(cfg, max(1, p.steps * p.ppo_epochs * p.num_minibatches))
         self.policy = Engine(models.policy, p.policy_lr, schedule, cfg, env, device)

@@ -1,0 +1,78 @@
+"""Causal attention on CPU: the flash kernel (`F.scaled_dot_product_attention`) against the explicit
+softmax(q k^T) v form, forward + backward, by row length; the crossover sets `gpt2.SHORT_ROWS`.
+
+    python -m bench.attention [--batch 16] [--heads 4] [--dim 32] [--lengths 16 32 48 64 96 128 256]
+
+One torch thread (the grid's setting); the two kernels alternate, best of several repetitions.
+Prints one table row per length and the largest length where the explicit form still wins.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def time_one(fn, q, k, v, g, reps: int) -> tuple[float, float]:
+    """Best wall seconds of reps forward passes without autograd (scoring) and of reps forward +
+    backward passes (the update)."""
+    import torch
+
+    fwd = both = float("inf")
+    for _ in range(reps):
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            fn(q, k, v)
+            fwd = min(fwd, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fn(q, k, v).backward(g)
+        both = min(both, time.perf_counter() - t0)
+    return fwd, both
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=16, help="rows per minibatch (world: 16)")
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=32, help="head dimension")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 48, 64, 96, 128, 256])
+    ap.add_argument("--reps", type=int, default=60)
+    a = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    from harness.gpt2 import SHORT_ROWS, causal_attention
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    flash = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.dim ** -0.5)  # noqa: E731
+
+    def explicit(q, k, v):
+        L = q.shape[-2]
+        mask = torch.full((L, L), float("-inf")).triu_(1)
+        return torch.baddbmm(mask, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2), alpha=a.dim ** -0.5) \
+            .softmax(-1).bmm(v.flatten(0, 1)).view_as(q)
+
+    print(f"torch {torch.__version__}, 1 thread, B={a.batch} H={a.heads} D={a.dim}; current SHORT_ROWS={SHORT_ROWS}")
+    print("| L | flash fwd us | explicit fwd us | flash fwd+bwd us | explicit fwd+bwd us | explicit / flash (fwd, fwd+bwd) | max abs diff |\n"
+          "|---|---|---|---|---|---|---|")
+    wins = []
+    for L in a.lengths:
+        q, k, v = (torch.randn(a.batch, a.heads, L, a.dim, requires_grad=True) for _ in range(3))
+        g = torch.randn(a.batch, a.heads, L, a.dim)
+        diff = (flash(q, k, v) - causal_attention(q, k, v, a.dim ** -0.5)).abs().max().item()
+        ff = fe = tf = te = float("inf")
+        for _ in range(3):  # alternate so both see the same machine state
+            f1, t1 = time_one(flash, q, k, v, g, a.reps)
+            f2, t2 = time_one(explicit, q, k, v, g, a.reps)
+            ff, tf, fe, te = min(ff, f1), min(tf, t1), min(fe, f2), min(te, t2)
+        if te < tf and fe < ff:
+            wins.append(L)
+        print(f"| {L} | {ff * 1e6:.0f} | {fe * 1e6:.0f} | {tf * 1e6:.0f} | {te * 1e6:.0f} | "
+              f"{fe / ff:.2f}, {te / tf:.2f} | {diff:.1e} |")
+    print(f"explicit form faster (forward and forward + backward) at L in {wins}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
