@@ -28,10 +28,12 @@ def git(*args: str) -> str:
         return ""
 
 
-def commit() -> str:
-    """Short commit of the code, with ' (uncommitted changes)' when the tree is dirty."""
+def commit(ignore: tuple[str, ...] = ()) -> str:
+    """Short commit of the code, with ' (uncommitted changes)' when the tree is dirty; `ignore`:
+    git pathspecs not counted (a builder's own previous outputs, which it is about to rewrite)."""
     c = git("rev-parse", "--short", "HEAD") or "unknown"
-    return c + (" (uncommitted changes)" if c != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in ignore))
+    return c + (" (uncommitted changes)" if c != "unknown" and dirty else "")
 
 
 @lru_cache(maxsize=1)

@@ -44,7 +44,7 @@ from harness import provenance, tracking
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
 from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
 from harness.tracking import redact
-from reports.reference import write_reference
+from reports.reference import GENERATED, write_reference
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
 # runs in pure Python here and costs about a second per report for nothing a reader sees.
@@ -148,7 +148,7 @@ def machine_info(tracking_uri: str) -> dict[str, str]:
     cpu = provenance.cpu()
     return {
         "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "git commit": provenance.commit(),
+        "git commit": provenance.commit(ignore=GENERATED),
         "machine": f"{platform.platform()}; {cpu['model']}, {cpu['logical_cpus']} logical CPUs; flags {cpu['flags']}",
         "libraries": ", ".join(f"{k} {x}" for k, x in provenance.versions().items()),
         "MLflow store": redact(f"sqlite:///{_relative(tracking_uri[10:])}" if tracking_uri.startswith("sqlite:///")

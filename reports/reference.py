@@ -16,6 +16,10 @@ from harness.summary import fmt
 TEMPLATE = Path(__file__).with_name("README.template.md")
 MARK = "<!-- results: written by reports.build --reference -->"
 
+GENERATED = ("reports/*.pdf", "reports/*.png", "reports/README.md", "reports/reference.json")
+"""What a reference build writes (git pathspecs): a rebuild over a previous one rewrites them, so
+they do not make the code count as uncommitted."""
+
 
 def reference_summary(sections: list, collapse: dict, not_run: list[str]) -> dict[str, Any]:
     """Per figure `summarize`, the collapse rule scored on every run of the store
@@ -27,7 +31,7 @@ def reference_summary(sections: list, collapse: dict, not_run: list[str]) -> dic
         for tags in s.data.runs["provenance"]:
             for k, v in tags.items():
                 seen.setdefault(k, set()).add(v)
-    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(), "not_run": sorted(not_run),
+    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
 
 

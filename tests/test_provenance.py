@@ -15,3 +15,28 @@ def test_record_names_code_machine_libraries_and_world(tmp_path):
     assert "provenance.world.x" not in tags
     assert provenance.record(tmp_path / "missing") .get("provenance.world.hash") is None
     assert all(isinstance(v, str) and v for v in tags.values())
+
+
+def test_commit_ignores_only_the_given_paths(tmp_path, monkeypatch):
+    """A reference build rewrites reports/ over a previous build: those files do not make the code
+    count as uncommitted, any other change does."""
+    import subprocess
+
+    from harness import provenance
+
+    def sh(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    sh("init", "-q")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "README.md").write_text("a")
+    (tmp_path / "code.py").write_text("a")
+    sh("add", ".")
+    sh("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    assert not provenance.commit().endswith("(uncommitted changes)")
+    (tmp_path / "reports" / "README.md").write_text("b")
+    assert provenance.commit().endswith("(uncommitted changes)")
+    assert not provenance.commit(ignore=("reports/README.md",)).endswith("(uncommitted changes)")
+    (tmp_path / "code.py").write_text("b")
+    assert provenance.commit(ignore=("reports/README.md",)).endswith("(uncommitted changes)")
