@@ -16,8 +16,9 @@ from harness.summary import fmt
 TEMPLATE = Path(__file__).with_name("README.template.md")
 MARK = "<!-- results: written by reports.build --reference -->"
 
-GENERATED = ("reports/*.pdf", "reports/*.png", "reports/README.md", "reports/reference.json")
-"""What a reference build writes (git pathspecs): a rebuild over a previous one rewrites them, so
+GENERATED = ("reports/*.pdf", "reports/*.png", "reports/*.csv", "reports/*.json", "reports/README.md")
+"""What a reference build writes (git pathspecs; `*` spans folders: the figures, the sweep page's
+tables, reference.json): a rebuild over a previous one rewrites them, so
 they do not make the code count as uncommitted."""
 
 
