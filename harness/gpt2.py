@@ -44,9 +44,14 @@ it the flash kernel wins (`bench/attention.py` measures both)."""
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(scale * q k^T + causal mask) v over [B, H, L, D]: the same formula either way, one
     of two kernels by row length (they agree to float round-off)."""
-    L = q.shape[-2]
-    if L > SHORT_ROWS or q.device.type != "cpu":
+    if q.shape[-2] > SHORT_ROWS or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return explicit_causal_attention(q, k, v, scale)
+
+
+def explicit_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * q k^T + causal mask) v as three batched kernels (baddbmm, softmax, bmm)."""
+    L = q.shape[-2]
     # additive mask: -inf above the diagonal; the diagonal is always kept, so no row is empty
     mask = torch.full((L, L), float("-inf"), dtype=q.dtype, device=q.device).triu_(1)
     return torch.baddbmm(mask, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2), alpha=scale) \

@@ -65,8 +65,10 @@ def test_packed_hidden_equals_the_models_forward(monkeypatch, short_rows, shape)
         assert torch.allclose(a, b if b is not None else torch.zeros_like(a), atol=1e-4)
 
 
-def test_causal_attention_kernels_agree():
+@pytest.mark.parametrize("L", [1, 20, 100])
+def test_causal_attention_kernels_agree(L):
     torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 4, 20, 8) for _ in range(3))
+    q, k, v = (torch.randn(3, 4, L, 8) for _ in range(3))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    assert torch.allclose(gpt2.explicit_causal_attention(q, k, v, 0.3), ref, atol=1e-6)
     assert torch.allclose(gpt2.causal_attention(q, k, v, 0.3), ref, atol=1e-6)
