@@ -10,24 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-
-
-def time_one(fn, q, k, v, g, reps: int) -> tuple[float, float]:
-    """Best wall seconds of reps forward passes without autograd (scoring) and of reps forward +
-    backward passes (the update)."""
-    import torch
-
-    fwd = both = float("inf")
-    for _ in range(reps):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            fn(q, k, v)
-            fwd = min(fwd, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        fn(q, k, v).backward(g)
-        both = min(both, time.perf_counter() - t0)
-    return fwd, both
 
 
 def main(argv=None) -> int:
@@ -41,7 +23,9 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
+    from bench.common import best_us
     from harness.gpt2 import SHORT_ROWS, explicit_causal_attention
+    from harness.provenance import cpu
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -49,7 +33,7 @@ def main(argv=None) -> int:
     flash = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # noqa: E731
     explicit = lambda q, k, v: explicit_causal_attention(q, k, v, scale)  # noqa: E731
 
-    print(f"torch {torch.__version__}, 1 thread, B={a.batch} H={a.heads} D={a.dim}; current SHORT_ROWS={SHORT_ROWS}")
+    print(f"torch {torch.__version__}, {cpu()['model']} ({cpu()['flags']}), 1 thread, B={a.batch} H={a.heads} D={a.dim}; current SHORT_ROWS={SHORT_ROWS}")
     print("| L | flash fwd us | explicit fwd us | flash fwd+bwd us | explicit fwd+bwd us | explicit / flash (fwd, fwd+bwd) | max abs diff |\n"
           "|---|---|---|---|---|---|---|")
     wins = []
@@ -57,14 +41,23 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(a.batch, a.heads, L, a.dim, requires_grad=True) for _ in range(3))
         g = torch.randn(a.batch, a.heads, L, a.dim)
         diff = (flash(q, k, v) - explicit(q, k, v)).abs().max().item()
+
+        def forward(fn):
+            with torch.no_grad():
+                fn(q, k, v)
+
+        def times(fn):  # us per forward without autograd (scoring), per forward + backward (the update):
+            # the best of many short loops, so one disturbed loop does not decide
+            n = max(1, a.reps // 5)
+            return best_us(lambda: forward(fn), 5, n), best_us(lambda: fn(q, k, v).backward(g), 5, n)
+
         ff = fe = tf = te = float("inf")
         for _ in range(3):  # alternate so both see the same machine state
-            f1, t1 = time_one(flash, q, k, v, g, a.reps)
-            f2, t2 = time_one(explicit, q, k, v, g, a.reps)
+            (f1, t1), (f2, t2) = times(flash), times(explicit)
             ff, tf, fe, te = min(ff, f1), min(tf, t1), min(fe, f2), min(te, t2)
         if te < tf and fe < ff:
             wins.append(L)
-        print(f"| {L} | {ff * 1e6:.0f} | {fe * 1e6:.0f} | {tf * 1e6:.0f} | {te * 1e6:.0f} | "
+        print(f"| {L} | {ff:.0f} | {fe:.0f} | {tf:.0f} | {te:.0f} | "
               f"{fe / ff:.2f}, {te / tf:.2f} | {diff:.1e} |")
     print(f"explicit form faster (forward and forward + backward) at L in {wins}")
     return 0

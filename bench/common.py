@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,3 +165,17 @@ def build(size: str | Size, root: str | Path, seed: int = 0) -> Path:
     (out / "prompts.json").write_text(json.dumps(prompts))
     (out / "meta.json").write_text(json.dumps(meta))
     return out
+
+
+def best_us(fn, reps: int = 200, rounds: int = 5, warmup: int = 10) -> float:
+    """Microseconds per call of fn: the best of `rounds` timed loops of `reps` calls (the machine is
+    shared: the least disturbed loop is the kernel's time)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best * 1e6

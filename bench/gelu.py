@@ -9,19 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-
-
-def best_us(fn, reps: int = 200, rounds: int = 5) -> float:
-    for _ in range(10):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e6
 
 
 def main(argv=None) -> int:
@@ -32,6 +19,8 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
+    from bench.common import best_us
+    from harness.provenance import cpu
     from harness.rollout import GELUTanh, gelu_tanh_cpu
 
     torch.set_num_threads(1)
@@ -48,7 +37,7 @@ def main(argv=None) -> int:
                      best_us(lambda: F.gelu(xg, approximate="tanh").backward(g)),
                      best_us(lambda: GELUTanh()(xg).backward(g))))
     fa, fs, ba, bs = (min(c) for c in zip(*rows))
-    print(f"torch {torch.__version__}, 1 thread, x [{a.rows}, {a.width}] fp32")
+    print(f"torch {torch.__version__}, {cpu()['model']} ({cpu()['flags']}), 1 thread, x [{a.rows}, {a.width}] fp32")
     print("| form | forward us | forward + backward us | max abs err vs fp64 |\n|---|---|---|---|")
     print(f"| aten F.gelu(approximate='tanh') | {fa:.0f} | {ba:.0f} | {err['aten']:.1e} |")
     print(f"| x * sigmoid(2u) (rollout.GELUTanh) | {fs:.0f} | {bs:.0f} | {err['sigmoid form']:.1e} |")
