@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {len(reg.runs)} runs, est. {ablate.estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes, "
           f"{args.workers} worker(s); MLflow store {redact(uri)}")
 
+    if args.executor == "local" and args.workers > 0:  # its imports on the core the world build leaves idle
+        from .launch import start_fork_server
+
+        start_fork_server()
     print("\n[1/3] embedded world", flush=True)
     build_world_if_missing(reg, uri)
     print(f"\n[2/3] ablation {reg.name}: {len(reg.variants)} variants x {len(reg.seeds)} seeds", flush=True)

@@ -5,6 +5,7 @@ before any run.
 
 Each grid trains 6-step runs on the tiny world (seconds); MLflow stores live in tmp dirs.
 """
+import importlib
 import math
 import os
 import signal
@@ -281,6 +282,16 @@ def test_local_engine_a_dying_process_fails_only_its_own_call():
     crash, fine = ex.submit(os.abort), ex.submit(pow, 2, 10)  # os.abort: the process dies on SIGABRT
     ex.shutdown()
     assert isinstance(crash.exception(), BrokenProcessPool) and fine.result() == 1024
+
+
+def test_local_engine_runs_start_with_every_preloaded_module_imported():
+    # the fork server skips a name that fails to import, silently: a typo would cost every run ~1 s
+    from harness.launch import PRELOAD, in_own_process
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    missing = in_own_process(eval, f"sorted(set({PRELOAD!r}) - set(__import__('sys').modules))")
+    assert missing == []
 
 
 def test_cluster_engine_cancels_its_jobs_on_interrupt(tmp_path):
