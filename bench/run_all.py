@@ -112,19 +112,14 @@ def versions() -> dict:
 
 
 def machine() -> dict:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
-        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags.split()]
-    except Exception:  # noqa: BLE001
-        isa = []
+    """The CPU (model and kernel-relevant flags, as every run's provenance tags record them), memory,
+    Python and kernel."""
+    from harness.provenance import FLAGS_OF_INTEREST, cpu
+
+    c = cpu()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "isa": isa, "mem_gib": round(mem, 1), "python": platform.python_version(),
-            "kernel": platform.release()}
+    return {"cpu": c["model"], "cores": os.cpu_count(), "isa": [f for f in c["flags"].split() if f in FLAGS_OF_INTEREST],
+            "mem_gib": round(mem, 1), "python": platform.python_version(), "kernel": platform.release()}
 
 
 def med(xs: list[float]) -> float:
