@@ -10,12 +10,13 @@ TORCH   := torch==2.13.0
 ABLATION ?= ablations/score_reparam.yaml
 WORKERS ?= 2
 
-.PHONY: venv run test bench lock clean-runs help
+.PHONY: venv run test bench reference lock clean-runs help
 
 help:
 	@echo "make run    - main job on the embedded world (world -> $(ABLATION) -> figures -> report PDF)"
 	@echo "make test   - the test suite"
 	@echo "make bench  - speed benchmarks (installs the optional bench group)"
+	@echo "make reference - rerun every figure file and sweep into reference-runs/ and rebuild reports/ (~2 h)"
 	@echo "make lock   - re-resolve dependencies into requirements.lock"
 
 # Installs the exact versions in requirements.lock (the world build and the runs depend on them),
@@ -44,6 +45,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests
+
+# The committed reference results from scratch (python -m reports.rerun --help); resumable.
+reference: $(STAMP)
+	$(VPY) -m reports.rerun --workers $(WORKERS)
 
 # TRL 1.12 (the last TRL with a PPO trainer) lives in its own venv so it never changes the main one.
 BENCH_VENV := .venv-bench

@@ -6,6 +6,7 @@ before any run.
 Each grid trains 6-step runs on the tiny world (seconds); MLflow stores live in tmp dirs.
 """
 import importlib
+import json
 import math
 import os
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
@@ -303,3 +305,26 @@ def test_cluster_engine_cancels_its_jobs_on_interrupt(tmp_path):
         time.sleep(0.05)
     ex.shutdown(cancel=True)  # what the runner does on Ctrl-C: the job would otherwise run on
     assert fut.exception() is not None  # cancelled; a finished sleep returns None
+
+
+def test_reference_rerun_runs_every_file_resumes_and_builds_the_reference(tmp_path, tiny_world, capsys):
+    from test_sweep import write_sweep
+
+    from reports import rerun
+
+    abl = tmp_path / "ablations"
+    abl.mkdir()
+    tiny_grid(abl, tiny_world, "tiny_ref")
+    write_sweep(abl, tiny_world, "tiny_ref_sweep", trials=2)
+    ref, out = tmp_path / "ref", tmp_path / "reports"
+    argv = ["--ablations", str(abl), "--store", str(ref), "--out", str(out), "--workers", "2"]
+    assert rerun.main(argv) == 0
+    assert {r.info.status for r in runs_of(ref, "tiny_ref")} == {"FINISHED"} and len(runs_of(ref, "tiny_ref")) == 2
+    assert len(runs_of(ref, "tiny_ref_sweep")) == 2  # its 2 trials
+    assert optuna.load_study(study_name="tiny_ref_sweep", storage=f"sqlite:///{ref / 'optuna.db'}").trials
+    summary = json.loads((out / "reference.json").read_text())
+    assert "tiny_ref" in json.dumps(summary) and (out / "README.md").is_file()
+    capsys.readouterr()
+    assert rerun.main(argv) == 0  # again: every run finished earlier, nothing runs twice
+    assert "0 to start" in capsys.readouterr().out and len(runs_of(ref, "tiny_ref")) == 2
+    assert rerun.main([*argv, "--only", "nope"]) == 2 and "no such figure file" in capsys.readouterr().err
