@@ -6,7 +6,10 @@ transformers and tokenizers.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,3 +182,32 @@ def best_us(fn, reps: int = 200, rounds: int = 5, warmup: int = 10) -> float:
             fn()
         best = min(best, (time.perf_counter() - t0) / reps)
     return best * 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+# A/B against an older commit: the trees, and a measurement in a fresh process per tree.
+# ---------------------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def trees(baseline: str | None, into: str) -> dict[str, Path]:
+    """{"current": this checkout}, and with a baseline revision {"baseline REV": that commit's tree
+    as files in `into` (git archive: no worktree left behind)}."""
+    out = {"current": REPO}
+    if baseline:
+        subprocess.run(f"git -C {REPO} archive {baseline} | tar -x -C {into}", shell=True, check=True)
+        out[f"baseline {baseline}"] = Path(into)
+    return out
+
+
+def in_tree(tree: Path, module: str, call: str, timeout: float = 1800):
+    """The JSON value of `module.call` (e.g. "child('w', 20)"), evaluated in a fresh Python process
+    that imports harness from `tree` and this checkout's bench/`module`, 1 OpenMP thread."""
+    code = (f"import sys, json; sys.path.insert(0, {str(REPO / 'bench')!r}); import {module}; "
+            f"print('BENCH_JSON ' + json.dumps({module}.{call}))")
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, timeout=timeout)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("BENCH_JSON ")), None)
+    if p.returncode or line is None:
+        raise RuntimeError(f"bench: {module}.{call} in {tree} failed:\n{p.stderr[-3000:]}")
+    return json.loads(line[len("BENCH_JSON "):])

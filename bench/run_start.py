@@ -10,10 +10,7 @@ run, each in its own Python process and store. The world must be built (`python 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,14 +41,9 @@ def child(world: str, runs: int) -> list[float]:
 
 
 def measure(tree: Path, world: str, runs: int) -> list[float]:
-    code = (f"import sys, json; sys.path.insert(0, {str(REPO / 'bench')!r}); import run_start; "
-            f"print('BENCH_JSON ' + json.dumps(run_start.child({world!r}, {runs})))")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(tree)})
-    line = next((x for x in p.stdout.splitlines() if x.startswith("BENCH_JSON ")), None)
-    if p.returncode or line is None:
-        raise SystemExit(f"bench.run_start: the run in {tree} failed:\n{p.stderr[-3000:]}")
-    return json.loads(line[len("BENCH_JSON "):])
+    from bench.common import in_tree
+
+    return in_tree(tree, "run_start", f"child({world!r}, {runs})")
 
 
 def main(argv=None) -> int:
@@ -62,16 +54,14 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions, alternating the trees' order (default 3)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    from bench.common import trees as trees_of
     from harness.provenance import cpu
 
     world = str(Path(a.world).resolve())
     if not (Path(world) / "world.json").exists():
         raise SystemExit(f"bench.run_start: no built world at {world}; build it: python -m harness.world build")
-    trees = {"current": REPO}
     tmp = tempfile.TemporaryDirectory(prefix="bench_base_")
-    if a.baseline:  # the old tree as files (git archive): no worktree left behind
-        subprocess.run(f"git -C {REPO} archive {a.baseline} | tar -x -C {tmp.name}", shell=True, check=True)
-        trees[f"baseline {a.baseline}"] = Path(tmp.name)
+    trees = trees_of(a.baseline, tmp.name)
     times: dict[str, list[float]] = {k: [] for k in trees}
     for rep in range(a.reps):
         for name in (list(trees) if rep % 2 == 0 else list(trees)[::-1]):

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,14 +73,9 @@ def flops(step: dict, conf: dict, size) -> dict[str, float]:
 
 
 def measure(tree: Path, world: str, steps: int, warmup: int, extra: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    code = (f"import sys, json; sys.path.insert(0, {str(REPO / 'bench')!r}); import world_step; "
-            f"print('BENCH_JSON ' + json.dumps(world_step.child({world!r}, {steps}, {warmup}, {extra!r})))")
-    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, timeout=1800)
-    line = [x for x in p.stdout.splitlines() if x.startswith("BENCH_JSON ")]
-    if p.returncode or not line:
-        raise RuntimeError(f"child in {tree} failed:\n{p.stderr[-3000:]}")
-    return json.loads(line[0][len("BENCH_JSON "):])
+    from bench.common import in_tree
+
+    return in_tree(tree, "world_step", f"child({world!r}, {steps}, {warmup}, {extra!r})")
 
 
 def summarize(runs: list[dict], size, peak: float) -> dict:
@@ -115,20 +108,16 @@ def main(argv=None) -> int:
                          "--compare-set model.autocast=bf16: an option's speed against the default")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from bench.common import Size
+    from bench.common import Size, trees as trees_of
     from bench.peak import measure as peak_of
     from bench.run_all import load_avg, machine, versions
 
     world = str(Path(a.world).resolve())
     cfg = json.loads((Path(world) / "sft" / "config.json").read_text())
     size = Size("world", cfg["n_layer"], cfg["n_embd"], cfg["vocab_size"], cfg["n_head"], cfg["n_positions"])
-    trees = {"current": REPO}
-    extra = {"current": a.overrides}
     tmp = tempfile.TemporaryDirectory(prefix="bench_base_")
-    if a.baseline:  # the old tree as files (git archive): no worktree left behind
-        subprocess.run(f"git -C {REPO} archive {a.baseline} | tar -x -C {tmp.name}", shell=True, check=True)
-        trees[f"baseline {a.baseline}"] = Path(tmp.name)
-        extra[f"baseline {a.baseline}"] = a.overrides
+    trees = trees_of(a.baseline, tmp.name)
+    extra = {name: a.overrides for name in trees}
     if a.compare:
         name = "current " + " ".join(a.compare)
         trees[name], extra[name] = REPO, a.overrides + a.compare
