@@ -3,7 +3,7 @@ ablations/ at its own seeds, all into one MLflow store, then the committed repor
 that store (`python -m reports.build --reference`).
 
     python -m reports.rerun                          # ~2 hours on 2 cores; store in reference-runs/
-    python -m reports.rerun --only score_reparam     # some files only (the reports need them all)
+    python -m reports.rerun --only score_reparam     # some files only: runs, no reports (they need all)
     python -m reports.rerun --no-build               # runs only; build later with reports.build
 
 Resumable: the same command again skips what finished (each grid resumes its own runs, a sweep its
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"folder of the MLflow store (mlflow.db), Optuna's optuna.db and the run folders (default {STORE})")
     ap.add_argument("--workers", type=int, default=2, metavar="N", help="runs at a time (default 2)")
     ap.add_argument("--only", action="append", default=[], metavar="NAME",
-                    help="only this figure file or sweep, by name (repeatable)")
+                    help="only this figure file or sweep, by name (repeatable); runs only: the reference "
+                         "reports are built from every file's runs")
     ap.add_argument("--ablations", metavar="DIR", help="folder of the figure files (default: ./ablations or the repo's)")
     ap.add_argument("--no-build", action="store_true", help="runs only, no reports")
     ap.add_argument("--out", metavar="DIR", help="where the reports go (default: the committed reports/)")
@@ -71,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(f"{f.stem} (exit {rc})")
     print(f"\nruns done in {ablate.fmt_duration(time.time() - t0)}"
           + (f"; FAILED: {', '.join(failed)} (rerun the same command to retry them)" if failed else ""), flush=True)
-    if a.no_build or failed:
+    if a.no_build or a.only or failed:
+        if a.only and not failed:
+            print(f"reports not rebuilt (--only); when every file has run: python -m reports.build --reference "
+                  f"--tracking-uri {uri} --no-log")
         return 1 if failed else 0
     from reports.build import main as build
 

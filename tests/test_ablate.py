@@ -328,3 +328,6 @@ def test_reference_rerun_runs_every_file_resumes_and_builds_the_reference(tmp_pa
     assert rerun.main(argv) == 0  # again: every run finished earlier, nothing runs twice
     assert "0 to start" in capsys.readouterr().out and len(runs_of(ref, "tiny_ref")) == 2
     assert rerun.main([*argv, "--only", "nope"]) == 2 and "no such figure file" in capsys.readouterr().err
+    (out / "README.md").unlink()
+    assert rerun.main([*argv, "--only", "tiny_ref"]) == 0  # some files only: the reference is not rebuilt from them
+    assert not (out / "README.md").exists() and "reports not rebuilt (--only)" in capsys.readouterr().out
