@@ -67,7 +67,7 @@ class Executor:
 # CPU), and what a run would otherwise import lazily at its start, every run again (~1 s: MLflow's
 # SQL store and its sqlite dialect and migration code, the trainer, the tokenizer loader). None of
 # them starts a thread or opens a file. A name that fails to import is skipped by the fork server,
-# silently, so tests/test_launch.py imports each one.
+# silently, so a test (tests/test_ablate.py) checks that a run starts with each one imported.
 PRELOAD = [
     "harness.train", "harness.trainer", "harness.data",
     "transformers.models.gpt2.modeling_gpt2", "transformers.models.auto.tokenization_auto",
