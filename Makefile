@@ -26,8 +26,8 @@ help:
 
 # Installs the exact versions in requirements.lock (the world build and the runs depend on them),
 # then the project itself without touching them. uv (pip-installed into the venv) does it: on a
-# fresh 2-core machine 45 s against pip's 127 s (parallel downloads, bytecode compiled on both
-# cores; measured 2026-12-01, bench/RESULTS.md).
+# fresh 2-core machine 60 s against pip's 145 s with empty caches (python -m bench.install): parallel
+# downloads, bytecode compiled on both cores (measured 2026-12-01, bench/RESULTS.md).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q $(UV)
