@@ -10,7 +10,9 @@ reduce_run): the user's mean over seeds inside the reference band or not. The ba
 reference's per-seed range widened by its standard error on each side, [min - se, max + se],
 se = sd / sqrt(n): a user's seed mean lands outside it only when it lies beyond every reference
 seed by more than the reference mean's own uncertainty. Curves differ across CPUs (float rounding,
-harness.provenance), so agreement of verdicts, not of numbers, is what a reproduction promises.
+harness.provenance), and on another CPU model the world itself differs, so the verdicts can too:
+the comparison names the CPU and world numbers where the runs' provenance differs from the
+reference's.
 Exit status 0 when the comparison ran (agreement is information, not an error), 2 on bad input.
 """
 from __future__ import annotations
@@ -97,17 +99,44 @@ def agreement(ref: dict, user: dict) -> tuple[list[dict], list[dict]]:
 
 
 def load_reference(path: str | Path) -> dict:
+    """The whole reference summary: "figures" (per figure, `summarize`), "provenance" (of its runs)."""
     try:
-        return json.loads(Path(path).read_text())["figures"]
-    except (OSError, ValueError, KeyError) as e:
+        doc = json.loads(Path(path).read_text())
+        doc["figures"]
+        return doc
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a reference summary ({type(e).__name__}: {e}); "
                          "it is written by `python -m reports.build --reference`") from None
+
+
+MACHINE_KEYS = ("cpu.model", "cpu.flags", "world.hash", "world.rm/eval_acc", "world.rm/eval_acc_gold",
+                "version.torch")
+"""Provenance that decides whether runs can match the reference number for number: the world is
+built on the user's CPU, and another CPU model's float rounding gives another world (other weights,
+another RM, other runs), harness.provenance."""
+
+
+def machine_differences(reference: dict, runs: pd.DataFrame) -> list[str]:
+    """'key: reference X, yours Y' for each of MACHINE_KEYS on which the runs' provenance tags and
+    the reference's differ (keys that either side lacks are skipped: older stores)."""
+    mine: dict[str, set[str]] = {}
+    for tags in runs["provenance"]:
+        for k in MACHINE_KEYS:
+            if k in tags:
+                mine.setdefault(k, set()).add(str(tags[k]))
+    out = []
+    for k in MACHINE_KEYS:
+        ref = reference.get(k)
+        ref_values = {str(v) for v in ref} if isinstance(ref, list) else {str(ref)} if ref is not None else set()
+        if mine.get(k) and ref_values and mine[k] != ref_values:
+            out.append(f"{k}: reference {' | '.join(sorted(ref_values))}, yours {' | '.join(sorted(mine[k]))}")
+    return out
 
 
 def after_run(name: str, tracking_uri: str) -> None:
     """The main job's last step: compare the figure just run when the reference holds it."""
     try:
-        held = name in load_reference(REFERENCE)
+        held = name in load_reference(REFERENCE)["figures"]
     except ValueError:
         held = False
     if held:
@@ -129,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        ref = load_reference(args.reference)
+        doc = load_reference(args.reference)
+        ref = doc["figures"]
         names = args.ablations or [n for n in ablations_in_store(uri) if n in ref]
         unknown = [n for n in names if n not in ref]
         if unknown:
@@ -139,11 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    total_c, total_m = [], []
+    total_c, total_m, differ = [], [], {}
     for name, d in data.items():
         if d.runs.empty:
             print(f"{name}: no runs in the store; not compared")
             continue
+        differ.update(dict.fromkeys(machine_differences(doc.get("provenance") or {}, d.runs)))
         claims, metrics = agreement(ref[name], summarize(d))
         total_c += claims
         total_m += metrics
@@ -154,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         for m in metrics:
             print(f"  [{'in band' if m['in_band'] else 'OUTSIDE'}] {m['variant']} / {m['metric']}: yours "
                   f"{m['user']:.4g} (n = {m['n']}), reference band [{m['low']:.4g}, {m['high']:.4g}]")
+    if differ:
+        print("\nyour runs come from another machine or world than the reference's:")
+        for line in differ:
+            print(f"  {line}")
+        print("  the world is built on your CPU, and another CPU model's float rounding builds another world\n"
+              "  (another RM, other runs): bands can miss and some verdicts can differ for that reason alone\n"
+              "  (README: Check your results against the reference).")
     print(f"\n{sum(c['agree'] for c in total_c)} of {len(total_c)} claims agree, "
           f"{sum(m['in_band'] for m in total_m)} of {len(total_m)} metrics in band")
     return 0

@@ -86,10 +86,11 @@ def _parent(tracking_uri: str, name: str, figure: str) -> str:
 
 def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, Curve], *, seeds=(0, 1),
                    steps: int = 30, sample_every: int = 10, eval_every: int = 0, gold: bool = True,
-                   win_rate: bool = False, old_seeds=()) -> str:
+                   win_rate: bool = False, old_seeds=(), provenance: dict[str, str] | None = None) -> str:
     """A parent run (harness.role=parent) in experiment `name` and one finished child run per
     (variant, seed); returns the parent run id. Runs of `old_seeds` imitate a harness from before
-    objective/ppl_tokens existed (they do not log it)."""
+    objective/ppl_tokens existed (they do not log it). `provenance`: more `provenance.*` tags
+    (without the prefix) on every child run, e.g. {"cpu.model": ...}."""
     parent = _parent(tracking_uri, name, figure)
     for vi, (variant, curve) in enumerate(curves.items()):
         for seed in seeds:
@@ -98,6 +99,7 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
             rid = tracking.start_run(tracking_uri, name, f"{name}-{vi}-s{seed}", parent_run_id=parent, tags={
                 K.TAG_ROLE: "train", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant,
                 K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic", "provenance.commit": "synthetic",
+                **{f"provenance.{k}": v for k, v in (provenance or {}).items()},
             })
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
             after = (lambda s: max(0, s - curve.collapse_at)) if collapsed else (lambda s: 0)  # noqa: E731

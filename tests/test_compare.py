@@ -13,6 +13,8 @@ from test_analysis import ETAS, fast_dir, write_registry
 
 KL_CURVES = {ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002)}
 LOWER_KL = "A larger KL penalty η keeps KL lower."
+MACHINE_A = {"cpu.model": "AMD EPYC", "cpu.flags": "avx2 avx512f", "world.hash": "4bde", "world.rm/eval_acc": "0.74"}
+MACHINE_B = {**MACHINE_A, "cpu.model": "Intel(R) Xeon(R)", "world.rm/eval_acc": "0.717"}
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +22,17 @@ def stores(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "compare")
     registry = write_registry(root / "ablations")
     uris = {k: f"sqlite:///{root / f'{k}.db'}" for k in ("ref", "same", "other")}
-    write_ablation(uris["ref"], "kl_eta", "15", KL_CURVES, seeds=range(5), steps=20, eval_every=5)
+    write_ablation(uris["ref"], "kl_eta", "15", KL_CURVES, seeds=range(5), steps=20, eval_every=5, provenance=MACHINE_A)
     write_ablation(uris["ref"], "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=range(5), steps=20)
-    ref = {"figures": {n: summarize(load_ablation(n, uris["ref"], registry)) for n in ("kl_eta", "vanilla")}}
+    ref = {"figures": {n: summarize(load_ablation(n, uris["ref"], registry)) for n in ("kl_eta", "vanilla")},
+           "provenance": {"commit": "abc1234", **MACHINE_A}}
     (root / "reference.json").write_text(json.dumps(ref))
-    write_ablation(uris["same"], "kl_eta", "15", KL_CURVES, seeds=range(5, 10), steps=20)  # other seeds, same world
-    # the largest η drifts furthest: "larger η keeps KL lower" now fails; apa is not in the reference
-    write_ablation(uris["other"], "kl_eta", "15", {**KL_CURVES, ETAS[2]: Curve(kl_slope=0.01)}, seeds=range(5), steps=20)
+    # other seeds, same machine and world
+    write_ablation(uris["same"], "kl_eta", "15", KL_CURVES, seeds=range(5, 10), steps=20, provenance=MACHINE_A)
+    # another CPU, so another world: the largest η drifts furthest ("larger η keeps KL lower" now
+    # fails); apa is not in the reference
+    write_ablation(uris["other"], "kl_eta", "15", {**KL_CURVES, ETAS[2]: Curve(kl_slope=0.01)}, seeds=range(5), steps=20,
+                   provenance=MACHINE_B)
     write_ablation(uris["other"], "apa", "apa", {"PPO": Curve()}, seeds=range(5), steps=20)
     yield {"root": root, "registry": registry, **uris}
     cleanup()
@@ -57,6 +63,15 @@ def test_same_world_other_seeds_agree_only_shared_figures_compared(stores, capsy
     assert rc == 0 and "vanilla" not in out  # not in this store: not compared
     assert f"{n_claims} of {n_claims} claims agree" in out and "DIFFERS" not in out
     assert f"[in band] {ETAS[2]} / final objective/kl" in out
+    assert "another machine or world" not in out  # same CPU and world: nothing to warn about
+
+
+def test_runs_from_another_cpu_and_world_are_named_as_such(stores, capsys):
+    rc, out, _ = run(stores, "other", "kl_eta", capsys=capsys)
+    assert rc == 0 and "your runs come from another machine or world than the reference's:" in out
+    assert "cpu.model: reference AMD EPYC, yours Intel(R) Xeon(R)" in out
+    assert "world.rm/eval_acc: reference 0.74, yours 0.717" in out
+    assert "cpu.flags" not in out and "world.hash" not in out  # equal on both sides: not named
 
 
 def test_a_different_result_is_named_and_still_exits_0(stores, capsys):
