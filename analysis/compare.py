@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -102,9 +102,10 @@ def load_reference(path: str | Path) -> dict:
     """The whole reference summary: "figures" (per figure, `summarize`), "provenance" (of its runs)."""
     try:
         doc = json.loads(Path(path).read_text())
-        doc["figures"]
+        if not isinstance(doc, dict) or not isinstance(doc.get("figures"), dict):
+            raise KeyError("figures")
         return doc
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"{path}: not a reference summary ({type(e).__name__}: {e}); "
                          "it is written by `python -m reports.build --reference`") from None
 
@@ -116,18 +117,26 @@ built on the user's CPU, and another CPU model's float rounding gives another wo
 another RM, other runs), harness.provenance."""
 
 
+def provenance_values(frames: Iterable[pd.DataFrame]) -> dict[str, set[str]]:
+    """Each `provenance.*` tag of the runs (the "provenance" column of analysis.store's run tables,
+    prefix dropped) -> its distinct values."""
+    seen: dict[str, set[str]] = {}
+    for runs in frames:
+        for tags in runs["provenance"]:
+            for k, v in tags.items():
+                seen.setdefault(k, set()).add(v)
+    return seen
+
+
 def machine_differences(reference: dict, runs: pd.DataFrame) -> list[str]:
     """'key: reference X, yours Y' for each of MACHINE_KEYS on which the runs' provenance tags and
-    the reference's differ (keys that either side lacks are skipped: older stores)."""
-    mine: dict[str, set[str]] = {}
-    for tags in runs["provenance"]:
-        for k in MACHINE_KEYS:
-            if k in tags:
-                mine.setdefault(k, set()).add(str(tags[k]))
+    the reference's (one value, or a list of them) differ; keys that either side lacks are skipped
+    (older stores)."""
+    mine = provenance_values([runs])
     out = []
     for k in MACHINE_KEYS:
         ref = reference.get(k)
-        ref_values = {str(v) for v in ref} if isinstance(ref, list) else {str(ref)} if ref is not None else set()
+        ref_values = set(ref) if isinstance(ref, list) else {ref} if ref is not None else set()
         if mine.get(k) and ref_values and mine[k] != ref_values:
             out.append(f"{k}: reference {' | '.join(sorted(ref_values))}, yours {' | '.join(sorted(mine[k]))}")
     return out

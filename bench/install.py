@@ -26,8 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_venv(tree: Path, scratch: Path) -> dict[str, float]:
-    """`make venv` in `tree` into a new venv under `scratch`, with empty caches; wall and CPU seconds."""
+def make_venv(tree: Path, scratch: Path) -> dict[str, float | str]:
+    """`make venv` in `tree` into a new venv under `scratch`, with empty caches; wall and CPU seconds
+    and the torch version the venv imports."""
     venv = scratch / "venv"
     env = {**os.environ, "PIP_CACHE_DIR": str(scratch / "pip-cache"), "UV_CACHE_DIR": str(scratch / "uv-cache")}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import collapse_rule
-from analysis.compare import summarize
+from analysis.compare import provenance_values, summarize
 from harness import provenance
 from harness.summary import fmt
 
@@ -27,11 +27,7 @@ def reference_summary(sections: list, collapse: dict, not_run: list[str]) -> dic
     (analysis.collapse_rule.score_store), the runs' provenance (each provenance tag: its one value,
     or the sorted distinct values), and the registry's figures the store has no runs of."""
     figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
-    seen: dict[str, set] = {}
-    for s in sections:
-        for tags in s.data.runs["provenance"]:
-            for k, v in tags.items():
-                seen.setdefault(k, set()).add(v)
+    seen = provenance_values(s.data.runs for s in sections)
     return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
 
