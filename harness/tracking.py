@@ -165,3 +165,10 @@ def load_json_artifact(tracking_uri: str, run_id: str, artifact_path: str) -> An
 
 def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client(tracking_uri).get_metric_history(run_id, key)]
+
+
+def last_logged_steps(tracking_uri: str, run_id: str) -> dict[str, int]:
+    """{metric key: the largest step the store holds for it} of a run (empty for a run without
+    metrics): how far a reopened run already logged each metric."""
+    c = client(tracking_uri)
+    return {k: max(m.step for m in c.get_metric_history(run_id, k)) for k in c.get_run(run_id).data.metrics}

@@ -83,12 +83,13 @@ def load_checkpoint(run_dir: Path) -> dict | None:
 class RunLog:
     """Rank 0's side of a run: its MLflow run, `run.json` and the checkpoint file."""
 
-    def __init__(self, uri: str, run_id: str, run_dir: Path, info: dict, logged_through: int = -1):
+    def __init__(self, uri: str, run_id: str, run_dir: Path, info: dict, logged: dict[str, int] | None = None):
         self.uri, self.run_id, self.run_dir, self.info = uri, run_id, run_dir, info
         self.logger = tracking.MetricLogger(uri, run_id)
-        # a resumed run replays the steps after its checkpoint with identical numbers: those the
-        # store already holds are not logged twice
-        self.logged_through = logged_through
+        # a resumed run replays the steps after its checkpoint with identical numbers, and one without
+        # a checkpoint replays everything from its start (critic pretraining, the step-0 eval): the
+        # points the store already holds, per metric key up to its last logged step, are not logged twice
+        self.logged = logged or {}
         self._write()
 
     def _write(self, **info) -> None:
@@ -99,8 +100,9 @@ class RunLog:
         os.replace(tmp, self.run_dir / "run.json")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if step > self.logged_through:
-            self.logger.log(metrics, step=step)
+        new = {k: v for k, v in metrics.items() if step > self.logged.get(k, -1)}
+        if new:
+            self.logger.log(new, step=step)
 
     def tags(self, tags: dict[str, str]) -> None:
         tracking.set_tags(self.uri, self.run_id, tags)
@@ -159,10 +161,9 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
     if run_info is not None and run_info.get("run_id") and tracking.run_exists(uri, run_info["run_id"]):
         run_id = run_info["run_id"]
         tracking.reopen_run(uri, run_id)
-        done = tracking.metric_history(uri, run_id, keys.STEP_S)
-        logged_through = max((s for s, _ in done), default=-1)
+        logged = tracking.last_logged_steps(uri, run_id)
     else:
-        state, logged_through = None, -1
+        state, logged = None, {}
         tags = {
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
             keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train",
@@ -174,7 +175,7 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
         tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
         tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
     info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0, "config": flat}
-    return RunLog(uri, run_id, run_dir, info, logged_through), state
+    return RunLog(uri, run_id, run_dir, info, logged), state
 
 
 class BestPolicy:

@@ -299,9 +299,14 @@ def test_local_engine_runs_start_with_every_preloaded_module_imported():
 def test_cluster_engine_cancels_its_jobs_on_interrupt(tmp_path):
     from harness.launch import executor
 
-    ex = executor("submitit-local", workers=1, folder=tmp_path, timeout_min=5)
-    fut = ex.submit(time.sleep, 120)
-    while not ex.engine.jobs:  # submitted
+    ex = executor("submitit-local", workers=1, folder=tmp_path / "jobs", timeout_min=5)
+    started = tmp_path / "started"
+    fut = ex.submit(exec, f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(120)", {})
+    # cancelled once it runs, as a Ctrl-C in a grid finds its jobs (submitit's local controller,
+    # interrupted while it is still starting its task, can leave that task running unwatched)
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert time.monotonic() < deadline and not fut.done(), "the job did not start"
         time.sleep(0.05)
     ex.shutdown(cancel=True)  # what the runner does on Ctrl-C: the job would otherwise run on
     assert fut.exception() is not None  # cancelled; a finished sleep returns None

@@ -107,6 +107,36 @@ def test_killed_run_resumes_into_the_same_mlflow_run(tiny_world, tmp_path):
     assert resumed.final_metrics[keys.PG_LOSS] == pytest.approx(full.final_metrics[keys.PG_LOSS], abs=1e-5)
 
 
+def test_run_killed_in_its_first_step_resumes_without_logging_its_start_twice(tiny_world, tmp_path, monkeypatch):
+    # killed after critic pretraining and the step-0 eval were logged, before step 1 was: no
+    # checkpoint yet, so the resumed run replays its start into the same MLflow run
+    from harness.trainer import PPOTrainer
+
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **{"ppo.steps": 2, "ppo.critic_pretrain_steps": 2}))
+    real_step, calls = PPOTrainer.step, []
+
+    def step_killed_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # as a kill during the first step would
+        return real_step(self)
+
+    monkeypatch.setattr(PPOTrainer, "step", step_killed_once)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    uri = cfg.logging.tracking_uri
+    c = tracking.client(uri)
+    (killed,) = c.search_runs([c.get_experiment_by_name(cfg.logging.experiment).experiment_id])
+    assert tracking.metric_history(uri, killed.info.run_id, keys.EVAL_RM) and not tracking.metric_history(uri, killed.info.run_id, keys.KL)
+
+    resumed = train(cfg, resume=True)
+    assert resumed.run_id == killed.info.run_id and resumed.status == "FINISHED"
+    steps = {k: [m.step for m in c.get_metric_history(resumed.run_id, k)] for k in c.get_run(resumed.run_id).data.metrics}
+    assert steps[keys.EVAL_RM] == [0, 2] and steps[keys.KL] == [1, 2]
+    assert any(k.startswith("critic_pretrain/") for k in steps)
+    assert {k: s for k, s in steps.items() if len(s) != len(set(s))} == {}  # no point logged twice
+
+
 def test_damaged_checkpoint_falls_back_then_restarts(tiny_world, tmp_path, capsys):
     over = {"ppo.steps": 4, "logging.checkpoint_every": 1, "logging.eval_every": 0}
     cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **over))
