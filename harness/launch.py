@@ -114,6 +114,12 @@ class OnCluster:
 
         self.ex = submitit.AutoExecutor(folder=folder, cluster=cluster)
         self.ex.update_parameters(**params)
+        if cluster == "local" and signal.getsignal(signal.SIGINT) is signal.SIG_IGN \
+                and threading.current_thread() is threading.main_thread():
+            # submitit cancels a local job by SIGINT to its controller process, which inherits this
+            # process's disposition: started in the background (`cmd &`), SIGINT is ignored here and
+            # a cancel would leave the job running to its end
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         self.lock, self.jobs = threading.Lock(), set()  # submissions one at a time; the jobs in flight
 
     def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:

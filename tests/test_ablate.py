@@ -299,17 +299,22 @@ def test_local_engine_runs_start_with_every_preloaded_module_imported():
 def test_cluster_engine_cancels_its_jobs_on_interrupt(tmp_path):
     from harness.launch import executor
 
-    ex = executor("submitit-local", workers=1, folder=tmp_path / "jobs", timeout_min=5)
-    started = tmp_path / "started"
-    fut = ex.submit(exec, f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(120)", {})
-    # cancelled once it runs, as a Ctrl-C in a grid finds its jobs (submitit's local controller,
-    # interrupted while it is still starting its task, can leave that task running unwatched)
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        assert time.monotonic() < deadline and not fut.done(), "the job did not start"
-        time.sleep(0.05)
-    ex.shutdown(cancel=True)  # what the runner does on Ctrl-C: the job would otherwise run on
-    assert fut.exception() is not None  # cancelled; a finished sleep returns None
+    # as in a runner started in the background (`cmd &`): SIGINT ignored, which child processes inherit
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ex = executor("submitit-local", workers=1, folder=tmp_path / "jobs", timeout_min=5)
+        started = tmp_path / "started"
+        fut = ex.submit(exec, f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(120)", {})
+        # cancelled once it runs, as a Ctrl-C in a grid finds its jobs (submitit's local controller,
+        # interrupted while it is still starting its task, can leave that task running unwatched)
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert time.monotonic() < deadline and not fut.done(), "the job did not start"
+            time.sleep(0.05)
+        ex.shutdown(cancel=True)  # what the runner does on Ctrl-C: the job would otherwise run on
+        assert fut.exception() is not None  # cancelled; a finished sleep returns None
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_reference_rerun_runs_every_file_resumes_and_builds_the_reference(tmp_path, tiny_world, capsys):
