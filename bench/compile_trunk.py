@@ -11,7 +11,7 @@ Compiled forms (inductor, dynamic shapes: every minibatch has other lengths):
   packed  the whole `gpt2.packed_hidden` (dynamo breaks the graph where it reads the longest row)
   block-static  `block` compiled for static shapes: one compile per minibatch token count (the 8
           minibatches here compile 8 times; a run's minibatches each have a new count)
-In both, GELU is aten's tanh GELU (the same function as `rollout.GELUTanh`, whose custom autograd
+In every compiled form GELU is aten's tanh GELU (the same function as `rollout.GELUTanh`, whose custom autograd
 form dynamo does not trace). Each form runs in a fresh process, 1 torch thread; a compiled form
 twice: with an empty inductor cache (a new machine) and with the cache the first left (later runs).
 Times are medians over `--calls` minibatches of 16 rows.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -31,25 +32,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 def child(world: str, mode: str, calls: int) -> dict:
     """Median ms per forward + backward of the policy pass in `mode` (eager | block | packed |
-    block-static), and
-    the seconds the first compiled calls took beyond eager ones."""
+    block-static), and the seconds the first compiled calls took beyond eager ones."""
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(1)
-    import harness.data as hd
     import harness.gpt2 as gpt2
     import harness.rollout as rollout
-    from harness.config import load_config
-    from harness.models import Models
-    from harness.trainer import PPOTrainer
+    from world_step import world_trainer
 
-    d = tempfile.mkdtemp()
-    cfg = load_config(str(REPO / "ablations/bases/vanilla.yaml"), [
-        "ppo.steps=10", f"data.world_dir={world}", f"logging.tracking_uri=sqlite:///{d}/m.db",
-        f"logging.output_dir={d}/runs", "threads=1", "seed=0"])
-    dev = torch.device("cpu")
-    trainer = PPOTrainer(cfg, Models(cfg, dev), hd.load_source(cfg), dev)
+    trainer = world_trainer(world, 10)
     for _ in range(3):  # a policy a few updates in, as in a run
         trainer.step()
     ro = trainer.make_batch({}).rollout
@@ -95,8 +86,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results_compile.json")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    import os
-
     from bench.common import in_tree
     from bench.run_all import load_avg, machine, versions
 

@@ -29,7 +29,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -68,60 +67,47 @@ KINDS = {
 }
 
 
-def kind_of(name: str) -> str | None:
-    """The kind of an aten op by name; None for ops that are not aten's (Python ranges, autograd
-    nodes: their self time is bookkeeping the profiler sees outside any kernel)."""
+def kind_of(name: str) -> str:
+    """The kind of an aten op by name; "not aten" for the profiler's other events (Python ranges,
+    autograd nodes: bookkeeping it sees outside any kernel)."""
     if not name.startswith("aten::"):
-        return None
+        return "not aten"
     return next((k for k, names in KINDS.items() if name in names), "other")
 
 
 def child(world: str, steps: int, warmup: int) -> dict:
     """warmup + steps timed + steps profiled world-scale steps in this process (1 thread)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    torch.set_num_threads(1)
-    import harness.data as hd
-    from harness.config import load_config
-    from harness.models import Models
-    from harness.trainer import PPOTrainer
+    from world_step import lengths, run_config, world_trainer
 
-    d = tempfile.mkdtemp()
-    cfg = load_config(str(REPO / "ablations/bases/vanilla.yaml"), [
-        f"ppo.steps={warmup + 2 * steps}", f"data.world_dir={world}", f"logging.tracking_uri=sqlite:///{d}/m.db",
-        f"logging.output_dir={d}/runs", "threads=1", "seed=0"])
-    dev = torch.device("cpu")
-    trainer = PPOTrainer(cfg, Models(cfg, dev), hd.load_source(cfg), dev)
+    trainer = world_trainer(world, warmup + 2 * steps)
     for _ in range(warmup):
         trainer.step()
     timed = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        m, b = trainer.step()
-        ro = b.rollout
-        timed.append({"step_s": time.perf_counter() - t0, "prompt": ro.prompt_mask.sum(1).tolist(),
-                      "response": ro.response_mask.sum(1).tolist()})
+        _, b = trainer.step()
+        timed.append({"step_s": time.perf_counter() - t0, **lengths(b)})
     profiled = []
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             _, b = trainer.step()
-            ro = b.rollout
-            profiled.append({"prompt": ro.prompt_mask.sum(1).tolist(), "response": ro.response_mask.sum(1).tolist()})
+            profiled.append(lengths(b))
     wall = time.perf_counter() - t0
     by_kind: dict[str, float] = {}
     calls: dict[str, int] = {}
     top = []
     for e in prof.key_averages():
-        k = kind_of(e.key) or "not aten"
+        k = kind_of(e.key)
         by_kind[k] = by_kind.get(k, 0.0) + e.self_cpu_time_total / 1e6 / steps
         calls[k] = calls.get(k, 0) + e.count // steps
         top.append((e.self_cpu_time_total / 1e6 / steps, e.key, e.count // steps))
     top.sort(reverse=True)
     return {"timed": timed, "profiled": profiled, "profiled_wall_s": wall / steps, "self_s": by_kind, "calls": calls,
             "top": [{"op": k, "s": s, "calls": c} for s, k, c in top[:15]],
-            "config": {"epochs": cfg.ppo.ppo_epochs, "reuse": cfg.ppo.reuse_rollout_logprobs, "critic": trainer.critic is not None}}
+            "config": run_config(trainer)}
 
 
 def main(argv=None) -> int:
@@ -133,14 +119,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results_world_profile.json")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from bench.common import Size, in_tree
+    from bench.common import in_tree
     from bench.peak import measure as peak_of
     from bench.run_all import load_avg, machine, versions
-    from bench.world_step import flops
+    from bench.world_step import flops, world_size
 
     world = str(Path(a.world).resolve())
-    mc = json.loads((Path(world) / "sft" / "config.json").read_text())
-    size = Size("world", mc["n_layer"], mc["n_embd"], mc["vocab_size"], mc["n_head"], mc["n_positions"])
+    size = world_size(world)
     res: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "versions": versions(),
                  "argv": sys.argv[1:], "load_before": load_avg(), "peak": [peak_of(threads=1)], "reps": []}
     for rep in range(a.reps):

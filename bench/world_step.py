@@ -29,9 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child(world: str, steps: int, warmup: int, extra: list[str] | None = None) -> dict:
-    """Run warmup + steps world-scale steps in this process; per step: phase timers, CPU time and
-    each row's real prompt and response lengths."""
+def world_trainer(world: str, steps: int, extra: list[str] | None = None):
+    """The benchmarks' world-scale workload in this process: a PPOTrainer on
+    `ablations/bases/vanilla.yaml` in `world` for `steps` steps, seed 0, 1 torch thread, logging
+    into a temporary folder; `extra`: config overrides on top."""
     import torch
 
     torch.set_num_threads(1)
@@ -42,21 +43,43 @@ def child(world: str, steps: int, warmup: int, extra: list[str] | None = None) -
 
     d = tempfile.mkdtemp()
     cfg = load_config(str(REPO / "ablations/bases/vanilla.yaml"), [
-        f"ppo.steps={steps + warmup}", f"data.world_dir={world}", f"logging.tracking_uri=sqlite:///{d}/m.db",
+        f"ppo.steps={steps}", f"data.world_dir={world}", f"logging.tracking_uri=sqlite:///{d}/m.db",
         f"logging.output_dir={d}/runs", "threads=1", "seed=0", *(extra or [])])
     dev = torch.device("cpu")
-    trainer = PPOTrainer(cfg, Models(cfg, dev), hd.load_source(cfg), dev)
+    return PPOTrainer(cfg, Models(cfg, dev), hd.load_source(cfg), dev)
+
+
+def lengths(b) -> dict[str, list[int]]:
+    """Each row's real prompt and response lengths of a step's batch (what `flops` counts)."""
+    return {"prompt": b.rollout.prompt_mask.sum(1).tolist(), "response": b.rollout.response_mask.sum(1).tolist()}
+
+
+def run_config(trainer) -> dict:
+    """What `flops` needs of the trainer's config besides the lengths."""
+    p = trainer.cfg.ppo
+    return {"epochs": p.ppo_epochs, "reuse": p.reuse_rollout_logprobs, "critic": trainer.critic is not None}
+
+
+def world_size(world: str):
+    """The world's model size (bench.common.Size) from its SFT model's config."""
+    from bench.common import Size
+
+    mc = json.loads((Path(world) / "sft" / "config.json").read_text())
+    return Size("world", mc["n_layer"], mc["n_embd"], mc["vocab_size"], mc["n_head"], mc["n_positions"])
+
+
+def child(world: str, steps: int, warmup: int, extra: list[str] | None = None) -> dict:
+    """Run warmup + steps world-scale steps in this process; per step: phase timers, CPU time and
+    each row's real prompt and response lengths."""
+    trainer = world_trainer(world, steps + warmup, extra)
     out = []
     for i in range(steps + warmup):
         c0 = time.process_time()
         m, b = trainer.step()
         if i >= warmup:
-            ro = b.rollout
-            out.append({"cpu_s": time.process_time() - c0, "prompt": ro.prompt_mask.sum(1).tolist(),
-                        "response": ro.response_mask.sum(1).tolist(),
+            out.append({"cpu_s": time.process_time() - c0, **lengths(b),
                         **{k.split("/")[-1]: m[k] for k in m if k.startswith("perf/time_") or k == "perf/step_s"}})
-    return {"steps": out, "config": {"epochs": cfg.ppo.ppo_epochs, "reuse": cfg.ppo.reuse_rollout_logprobs,
-                                     "critic": trainer.critic is not None}}
+    return {"steps": out, "config": run_config(trainer)}
 
 
 def flops(step: dict, conf: dict, size) -> dict[str, float]:
@@ -108,13 +131,12 @@ def main(argv=None) -> int:
                          "--compare-set model.autocast=bf16: an option's speed against the default")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from bench.common import Size, trees as trees_of
+    from bench.common import trees as trees_of
     from bench.peak import measure as peak_of
     from bench.run_all import load_avg, machine, versions
 
     world = str(Path(a.world).resolve())
-    cfg = json.loads((Path(world) / "sft" / "config.json").read_text())
-    size = Size("world", cfg["n_layer"], cfg["n_embd"], cfg["vocab_size"], cfg["n_head"], cfg["n_positions"])
+    size = world_size(world)
     tmp = tempfile.TemporaryDirectory(prefix="bench_base_")
     trees = trees_of(a.baseline, tmp.name)
     extra = {name: a.overrides for name in trees}
