@@ -1,11 +1,10 @@
 """The collapse rule (harness.metrics) scored against the gold reward over every train run of a store
 (`score_store`; printed by reports.build: the combined report's last page, reports/README.md).
 
-- Gold fell (the truth the world knows): the EMA (factor collapse.smoothing) of the per-step gold
-  score (objective/gold_score) stays below the start's gold for collapse.patience steps in a row;
-  its step is the first of that streak. The start's gold: the mean per-step gold of the run's first
-  10% of steps (`initial`, harness.summary), where the policy is still about the SFT model, on the
-  same training prompts (the eval gold at step 0 is on other prompts: another level).
+- Gold fell (the truth the world knows): harness.metrics.GoldTruth with the run's own collapse
+  settings, replayed over its per-step gold (objective/gold_score): the trailing mean falls more
+  than collapse.margin below the mean of the first collapse.baseline_steps steps and stays there
+  for collapse.confirm steps (the eval gold at step 0 is on other prompts: another level).
 - The rule fired: harness.metrics.replay over the run's logged rows with its own collapse settings
   (its params) but without the gold score: the indicators alone (KL, perplexity, length at the cap),
   which is all the rule has without a gold reward (HH-RLHF, real models). On the world the trainer's
@@ -18,6 +17,7 @@ Only runs that log gold and both perplexities count, so both rules are scored on
 """
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -26,24 +26,13 @@ import pandas as pd
 from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
-from harness.metrics import replay
+from harness.metrics import gold_onset, replay
 from harness.schema import parse_value
 from harness.summary import fmt, reduce_run
 
 RULES = {"per-sample perplexity (current)": K.PPL, "token-pooled perplexity": K.PPL_TOKENS}
 """Each scored rule: its perplexity indicator."""
 NEEDED = [K.KL, K.PPL, K.PPL_TOKENS, K.FRAC_AT_CAP, K.GOLD_SCORE]
-
-
-def gold_fall(gold: list[tuple[int, float]], sft_gold: float, cfg: CollapseConfig) -> int | None:
-    """First step of the first `patience`-long streak of EMA(gold) < sft_gold (None: gold never fell)."""
-    ema, start, streak = None, None, 0
-    for step, g in gold:
-        ema = g if ema is None else cfg.smoothing * ema + (1 - cfg.smoothing) * g
-        streak, start = (streak + 1, step if streak == 0 else start) if ema < sft_gold else (0, None)
-        if streak >= cfg.patience:
-            return start
-    return None
 
 
 def _run_row(uri: str, run) -> dict | None:
@@ -54,13 +43,15 @@ def _run_row(uri: str, run) -> dict | None:
     rows = {s: m for s, m in sorted(rows.items()) if len(m) == len(NEEDED)}
     if not rows:
         return None
-    params = {k.split(".", 1)[1]: parse_value(v) for k, v in run.data.params.items() if k.startswith("collapse.")}
+    known = {f.name for f in dataclasses.fields(CollapseConfig)}  # a store of older code may hold other keys
+    params = {k.split(".", 1)[1]: parse_value(v) for k, v in run.data.params.items()
+              if k.startswith("collapse.") and k.split(".", 1)[1] in known}
     cfg = from_dict(params, CollapseConfig)
     gold = [(s, m[K.GOLD_SCORE]) for s, m in rows.items()]
-    sft = reduce_run([g for _, g in gold], "initial")
+    sft = reduce_run([g for _, g in gold[:cfg.baseline_steps]], "mean")
     tags = run.data.tags
     out = {"run_id": run.info.run_id, "ablation": tags.get(K.TAG_ABLATION, ""), "variant": tags.get(K.TAG_VARIANT, ""),
-           "seed": tags.get(K.TAG_SEED, ""), "sft_gold": sft, "gold_fell": gold_fall(gold, sft, cfg)}
+           "seed": tags.get(K.TAG_SEED, ""), "sft_gold": sft, "gold_fell": gold_onset(cfg, gold)}
     indicators = [(s, {k: v for k, v in m.items() if k != K.GOLD_SCORE}) for s, m in rows.items()]
     for name, ppl in RULES.items():
         event = replay(cfg, indicators, ppl)

@@ -222,21 +222,27 @@ class LoggingConfig:
 @section
 class CollapseConfig:
     enabled: Bool = True
-    """Run the collapse rule: a step is collapsing when gold reward (world only) has fallen more than gold_drop below its best, or when at least two of {kl > kl_max, ppl < ppl_min, frac_at_cap > cap_frac_max} hold; `patience` collapsing steps in a row mark the run collapsed at the first of them."""
+    """Track collapse. Where a gold reward exists (the embedded world) the run's truth is the gold onset: the trailing mean of the per-step gold score (`window` steps) falls more than `margin` below the run's start (the mean of its first `baseline_steps` steps, where the policy is still the SFT model) and stays there for `confirm` steps; the onset is the first of them (harness.metrics.GoldTruth). Without gold, the indicator rule below marks it: at least two of {kl > kl_max, ppl < ppl_min, frac_at_cap > cap_frac_max} for `patience` steps in a row."""
+    baseline_steps: PosCount = 5
+    """Gold truth: the first steps whose mean per-step gold is the run's start level."""
+    window: PosCount = 10
+    """Gold truth: steps in the trailing mean of the per-step gold score (one noisy batch neither makes nor hides a fall)."""
+    margin: Float = 0.3
+    """Gold truth: how far (gold units) the trailing mean must fall below the start level (a negative margin also flags a run whose gold did not rise by more than -margin)."""
+    confirm: PosCount = 20
+    """Gold truth: steps in a row the trailing mean must stay below start - margin; the onset is the first of them, known `confirm - 1` steps later."""
     kl_max: Pos = 2.0
-    """Bound on objective/kl (mean per-token k1, nats)."""
+    """Indicator rule: bound on objective/kl (mean per-token k1, nats)."""
     ppl_min: Annotated[Float, Field(ge=1)] = 1.3
-    """Policy perplexity of its own samples below this counts as degenerate."""
+    """Indicator rule: policy perplexity of its own samples below this counts as degenerate."""
     cap_frac_max: Unit = 0.9
-    """Fraction of responses at the length cap above this counts as running on."""
-    gold_drop: Pos = 0.5
-    """Fall of the smoothed gold reward below its peak that counts as collapse."""
+    """Indicator rule: fraction of responses at the length cap above this counts as running on."""
     smoothing: Annotated[Float, Field(ge=0, lt=1)] = 0.8
-    """EMA factor for the gold-reward and indicator smoothing inside the rule."""
+    """Indicator rule: EMA factor of the indicators."""
     patience: PosCount = 10
-    """Consecutive collapsing steps before the run is marked collapsed."""
+    """Indicator rule: consecutive steps before the run is marked collapsed."""
     stop_on_collapse: Bool = False
-    """End training once collapse is detected (status FINISHED, tag harness.collapsed=true)."""
+    """End training once the run is marked collapsed (status FINISHED, tag harness.collapsed=true)."""
 
 
 @section

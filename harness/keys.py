@@ -22,6 +22,7 @@ SCORE_PROCESSED = "objective/score_processed"  # score after scaling/normalizati
 LENGTH = "response/length_mean"
 SAMPLED_TOKENS = "response/sampled_tokens"  # response tokens sampled so far (all rollouts but eval; cumulative)
 LENGTH_MAX = "response/length_max"
+LENGTH_STD = "response/length_std"  # spread of response lengths in the batch (tokens)
 FRAC_AT_CAP = "response/frac_at_cap"
 
 PG_LOSS = "policy/pg_loss"
@@ -38,6 +39,7 @@ VF_CLIPFRAC = "val/clipfrac"
 VALUES = "val/values_mean"
 RETURNS = "val/returns_mean"
 RETURNS_STD = "val/returns_std"
+EXPLAINED_VAR = "val/explained_var"  # 1 - Var(returns - values) / Var(returns) over response tokens (1: a perfect critic)
 
 # -- advantages (after normalization/clipping, as used by the loss) -----------------------------
 ADV_MEAN = "adv/mean"
@@ -66,8 +68,9 @@ EVAL_RM = "eval/rm_score"
 EVAL_WIN_RATE = "eval/win_rate_vs_sft"  # gold(policy) > gold(SFT) on the same prompt; ties count half
 EVAL_LENGTH = "eval/length_mean"
 
-COLLAPSE_STEP = "collapse/step"  # logged once, at the step the collapse streak began
-COLLAPSE_SIGNALS = "collapse/signals"  # number of rule signals firing this step
+COLLAPSE_STEP = "collapse/step"  # logged once, when the run's collapse flag is raised; its value is the step it marks (the gold onset on the world)
+COLLAPSE_SIGNALS = "collapse/signals"  # number of indicator-rule signals firing this step
+GOLD_ONSET = "collapse/gold_onset"  # logged once, on the step the gold onset is confirmed; its value is the onset step (harness.metrics.GoldTruth)
 
 # -- reward-model training (world build; experiment `world`) ------------------------------------
 RM_TRAIN_ACC = "rm/train_acc"
@@ -85,9 +88,9 @@ WORLD_BUILD_S = "world/build_s"
 
 STEP_METRICS = [
     RM_SCORE, RM_SCORE_STD, KL, KL_K3, KL_COEF, ENTROPY, PPL, PPL_REF, NON_SCORE_REWARD,
-    SCORE_PROCESSED, LENGTH, SAMPLED_TOKENS, LENGTH_MAX, FRAC_AT_CAP, PG_LOSS, ENTROPY_LOSS, PTX_LOSS, APPROX_KL,
+    SCORE_PROCESSED, LENGTH, SAMPLED_TOKENS, LENGTH_MAX, LENGTH_STD, FRAC_AT_CAP, PG_LOSS, ENTROPY_LOSS, PTX_LOSS, APPROX_KL,
     POLICY_CLIPFRAC, RATIO_MEAN, RATIO_STD, RATIO_MAX, VF_LOSS, VF_CLIPFRAC, VALUES, RETURNS,
-    RETURNS_STD, ADV_MEAN, ADV_STD, ADV_RAW_MEAN, ADV_RAW_STD, REWARD_RUNNING_MEAN,
+    RETURNS_STD, EXPLAINED_VAR, ADV_MEAN, ADV_STD, ADV_RAW_MEAN, ADV_RAW_STD, REWARD_RUNNING_MEAN,
     REWARD_RUNNING_STD, GRAD_NORM_POLICY, GRAD_NORM_CRITIC, LR_POLICY, LR_CRITIC, TOKENS_PER_S,
     STEP_S, TIME_ROLLOUT, TIME_SCORE, TIME_ADVANTAGE, TIME_UPDATE, TIME_LOGGING,
 ]

@@ -19,7 +19,7 @@ from .algorithms.estimators import NEEDS_CRITIC
 from .config import (
     ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
 )
-from .metrics import CollapseDetector
+from .metrics import Monitor
 
 OnStep = Callable[[int, dict[str, float]], bool]
 
@@ -247,7 +247,7 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
     torch.manual_seed(cfg.seed)
     device = parallel.device_of(cfg)
     trainer = PPOTrainer(cfg, Models(cfg, device), load_source(cfg), device, env)
-    detector = CollapseDetector(cfg.collapse)
+    detector = Monitor(cfg.collapse, has_gold=trainer.source.gold is not None)
     best, start_step = BestPolicy(), 0
 
     def evaluate(step: int) -> dict[str, float]:
@@ -286,10 +286,9 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             metrics, b = trainer.step()
             t_log = time.perf_counter()
             metrics[keys.TIME_LOGGING] = last_log_s
-            n_signals, event = detector.update(step, metrics) if cfg.collapse.enabled else (0, None)
-            metrics[keys.COLLAPSE_SIGNALS] = n_signals
+            flags, event = detector.update(step, metrics)
+            metrics.update(flags)
             if event is not None:
-                metrics[keys.COLLAPSE_STEP] = event.step
                 result.collapsed, result.collapse_step = True, event.step
                 run.tags({keys.TAG_COLLAPSED: "true", keys.TAG_COLLAPSE_REASON: event.reason})
             if log.eval_every and step % log.eval_every == 0:

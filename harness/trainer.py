@@ -469,6 +469,7 @@ class PPOTrainer:
             keys.LENGTH: lengths.mean().item(),
             keys.SAMPLED_TOKENS: float(self.sampled_tokens),
             keys.LENGTH_MAX: lengths.max().item(),
+            keys.LENGTH_STD: lengths.std().item() if len(lengths) > 1 else 0.0,
             keys.FRAC_AT_CAP: (lengths >= self.cfg.generation.max_new_tokens).float().mean().item(),
             keys.ADV_RAW_STD: masked_var(b.advantages, mask, unbiased=False).sqrt().item(),
             keys.REWARD_RUNNING_MEAN: self.reward_stats.mean,
@@ -478,7 +479,10 @@ class PPOTrainer:
         if self.critic is not None:
             out[keys.VALUES] = masked_mean(b.old_values, mask).item()
             out[keys.RETURNS] = masked_mean(b.returns, mask).item()
-            out[keys.RETURNS_STD] = masked_var(b.returns, mask, unbiased=False).sqrt().item()
+            var_returns = masked_var(b.returns, mask, unbiased=False)
+            out[keys.RETURNS_STD] = var_returns.sqrt().item()
+            out[keys.EXPLAINED_VAR] = (1 - masked_var(b.returns - b.old_values, mask, unbiased=False)
+                                       / var_returns.clamp(min=1e-12)).item()
             out[keys.LR_CRITIC] = self.critic.lr
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()

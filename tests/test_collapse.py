@@ -1,22 +1,22 @@
-"""The collapse rule fires on the paper's pattern and not on a healthy run."""
+"""What "collapsed" means: the gold truth (harness.metrics.GoldTruth) and the indicator rule."""
 from harness import keys
 from harness.config import CollapseConfig
-from harness.metrics import CollapseDetector
+from harness.metrics import GoldTruth, IndicatorRule, Monitor, gold_onset
 
 
 def healthy(gold=0.5):
     return {keys.KL: 0.3, keys.PPL: 3.0, keys.FRAC_AT_CAP: 0.1, keys.GOLD_SCORE: gold}
 
 
-def test_healthy_run_never_collapses():
-    d = CollapseDetector(CollapseConfig(patience=3))
+def test_healthy_run_never_trips_the_indicator_rule():
+    d = IndicatorRule(CollapseConfig(patience=3))
     for s in range(1, 50):
         _, ev = d.update(s, healthy(0.5 + 0.01 * s))
         assert ev is None
 
 
 def test_pattern_collapse_detected_at_start_of_streak():
-    d = CollapseDetector(CollapseConfig(patience=3, smoothing=0.0))
+    d = IndicatorRule(CollapseConfig(patience=3, smoothing=0.0))
     for s in range(1, 6):
         assert d.update(s, healthy())[1] is None
     bad = {keys.KL: 5.0, keys.PPL: 1.05, keys.FRAC_AT_CAP: 1.0, keys.GOLD_SCORE: 0.4}
@@ -27,24 +27,59 @@ def test_pattern_collapse_detected_at_start_of_streak():
     assert events[3] is None  # reported once
 
 
-def test_single_generic_signal_is_not_enough_but_gold_fall_is():
-    d = CollapseDetector(CollapseConfig(patience=2, smoothing=0.0))
+def test_single_generic_signal_is_not_enough():
+    d = IndicatorRule(CollapseConfig(patience=2, smoothing=0.0))
     for s in range(1, 10):  # long responses alone: not collapse
         assert d.update(s, {keys.KL: 0.1, keys.PPL: 3.0, keys.FRAC_AT_CAP: 1.0})[1] is None
-    d = CollapseDetector(CollapseConfig(patience=2, smoothing=0.0, gold_drop=0.5))
-    d.update(1, healthy(1.0))
-    d.update(2, healthy(0.2))
-    _, ev = d.update(3, healthy(0.1))
-    assert ev is not None and ev.step == 2 and "gold reward" in ev.reason
 
 
-def test_detector_state_roundtrip():
-    d = CollapseDetector(CollapseConfig(patience=2, smoothing=0.0))
-    d.update(1, healthy(1.0))
-    d.update(2, healthy(0.2))
-    e = CollapseDetector(CollapseConfig(patience=2, smoothing=0.0))
-    e.load_state_dict(d.state_dict())
-    assert e.update(3, healthy(0.1))[1].step == 2
+TRUTH = CollapseConfig(baseline_steps=2, window=2, margin=0.5, confirm=3)
+
+
+def onset(gold):
+    return gold_onset(TRUTH, list(enumerate(gold, 1)))
+
+
+def test_gold_onset_is_the_first_step_of_a_confirmed_fall_below_the_start():
+    # start 0 (steps 1-2); trailing means (window 2) from step 3: 0, -0.5, -1, -1, -1: below -0.5 from step 5
+    assert onset([0, 0, 0, -1, -1, -1, -1]) == 5
+    assert onset([0, 0, 0, -1, -1, -1]) is None  # below for 2 steps only: not confirmed yet
+
+
+def test_an_early_dip_that_recovers_or_a_fall_from_a_peak_above_the_start_is_no_collapse():
+    assert onset([0, 0, -2, -2, 1, 1, 1, 1, 1]) is None  # below for 2 steps (means -1, -2), then recovers
+    assert onset([0, 0, 2, 2, 2, 2, 0.2, 0.2, 0.2, 0.2]) is None  # fell 1.8 from its peak, still above its start
+
+
+def test_the_noise_of_the_first_steps_is_not_a_fall():
+    """The old rule (EMA from step 1 against the mean of the first 10%) marked runs whose gold rose
+    as fallen at step 1; here a rise never counts."""
+    rising = [-0.5, -0.6, -0.4, -0.55] + [-0.5 + 0.02 * s for s in range(60)]
+    assert gold_onset(CollapseConfig(), list(enumerate(rising, 1))) is None
+
+
+def test_truth_state_roundtrip_and_the_monitor_logs_the_onset_once():
+    gold = [0, 0, 0, -1, -1, -1, -1, -1]
+    a = GoldTruth(TRUTH)
+    for s, g in enumerate(gold[:4], 1):
+        a.update(s, g)
+    b = GoldTruth(TRUTH)
+    b.load_state_dict(a.state_dict())
+    events = [b.update(s, g) for s, g in enumerate(gold[4:], 5)]
+    assert [e and e.step for e in events] == [None, None, 5, None]
+    m = Monitor(TRUTH, has_gold=True)
+    logged = [m.update(s, healthy(g))[0] for s, g in enumerate(gold, 1)]
+    assert [x.get(keys.GOLD_ONSET) for x in logged] == [None] * 6 + [5, None]
+    assert [x.get(keys.COLLAPSE_STEP) for x in logged] == [None] * 6 + [5, None]
+    assert m.event.step == 5 and "gold" in m.event.reason
+
+
+def test_without_gold_the_indicator_rule_is_the_flag():
+    m = Monitor(CollapseConfig(patience=2, smoothing=0.0), has_gold=False)
+    bad = {keys.KL: 5.0, keys.PPL: 1.05, keys.FRAC_AT_CAP: 1.0}
+    out = [m.update(s, bad) for s in (1, 2, 3)]
+    assert out[1][1].step == 1 and out[1][0][keys.COLLAPSE_STEP] == 1 and out[2][1] is None
+    assert keys.GOLD_ONSET not in out[1][0]
 
 
 # -- real tiny-world runs: the rule replayed offline, and the best policy before collapse ----------
@@ -58,8 +93,11 @@ from harness.metrics import replay  # noqa: E402
 from harness.train import BEST_POLICY, train  # noqa: E402
 from conftest import fast_overrides  # noqa: E402
 
-# every step collapsing from the first: perplexity below 100 and KL above 1e-9 (two generic signals)
-COLLAPSING = {"collapse.patience": 1, "collapse.smoothing": 0.0, "collapse.ppl_min": 100, "collapse.kl_max": 1e-9}
+# the gold truth marks every step after the first as fallen (a margin of -100: "did not rise by 100"),
+# so the run is collapsed at step 2; and every step trips the indicator rule (perplexity below 100 and KL
+# above 1e-9: two signals) for the offline replay
+COLLAPSING = {"collapse.baseline_steps": 1, "collapse.window": 1, "collapse.confirm": 1, "collapse.margin": -100,
+              "collapse.patience": 1, "collapse.smoothing": 0.0, "collapse.ppl_min": 100, "collapse.kl_max": 1e-9}
 
 
 @pytest.fixture(scope="module", params=["healthy", "collapsing"])
@@ -71,7 +109,7 @@ def tiny_run(request, tiny_world, tmp_path_factory):
     return cfg, res
 
 
-def test_offline_replay_of_logged_rows_fires_where_the_trainer_did(tiny_run):
+def test_offline_replay_of_logged_rows_finds_what_the_trainer_did(tiny_run):
     cfg, res = tiny_run
     uri = cfg.logging.tracking_uri
     keys_needed = [keys.KL, keys.PPL, keys.FRAC_AT_CAP, keys.GOLD_SCORE]
@@ -79,13 +117,21 @@ def test_offline_replay_of_logged_rows_fires_where_the_trainer_did(tiny_run):
     for k in keys_needed:
         for step, v in tracking.metric_history(uri, res.run_id, k):
             rows.setdefault(step, {})[k] = v
-    event = replay(cfg.collapse, sorted(rows.items()))
-    logged = tracking.metric_history(uri, res.run_id, keys.COLLAPSE_STEP)
-    assert (event is None) == (not res.collapsed) and (event is None or [(event.step, event.step)] ==
-                                                       [(s, int(v)) for s, v in logged])
-    # the scoring reads the run's own collapse settings back from its params (kl_max 1e-09 is no YAML 1.1 float)
-    fired = collapse_rule.run_table(uri).set_index("run_id").loc[res.run_id, CURRENT]
-    assert (pd.isna(fired) and event is None) or fired == event.step
+    rows = sorted(rows.items())
+    # the flag on the world is the gold truth: the same onset replayed from the logged gold
+    onset = gold_onset(cfg.collapse, [(s, m[keys.GOLD_SCORE]) for s, m in rows])
+    logged = {k: [(s, int(v)) for s, v in tracking.metric_history(uri, res.run_id, k)]
+              for k in (keys.COLLAPSE_STEP, keys.GOLD_ONSET)}
+    assert (onset is None) == (not res.collapsed)
+    assert logged[keys.COLLAPSE_STEP] == logged[keys.GOLD_ONSET] == ([] if onset is None else [(onset, onset)])
+    # the indicator rule replayed as the trainer ran it (collapse/signals), and as the scoring replays it
+    # from the run's own collapse settings in its params (kl_max 1e-09 is no YAML 1.1 float)
+    event = replay(cfg.collapse, rows)
+    signals = [s for s, v in tracking.metric_history(uri, res.run_id, keys.COLLAPSE_SIGNALS) if v >= 2]
+    assert (event is None) == (not signals) and (event is None or event.step == signals[0])
+    table = collapse_rule.run_table(uri).set_index("run_id").loc[res.run_id]
+    assert (pd.isna(table[CURRENT]) and event is None) or table[CURRENT] == event.step
+    assert (pd.isna(table["gold_fell"]) and onset is None) or table["gold_fell"] == onset
 
 
 def test_best_policy_is_the_best_eval_before_collapse(tiny_run):
@@ -108,22 +154,15 @@ from analysis.synthetic import Curve, write_ablation  # noqa: E402
 CURRENT, TOKENS = collapse_rule.RULES
 
 
-def test_gold_fall_is_the_first_step_of_the_ema_streak_below_sft():
-    cfg = CollapseConfig(smoothing=0.5, patience=2)
-    # EMA 1, 1, 0, -0.5, -0.75: below 0 from step 4 (0 itself is not below)
-    assert collapse_rule.gold_fall(list(enumerate([1, 1, -1, -1, -1], 1)), 0.0, cfg) == 4
-    assert collapse_rule.gold_fall(list(enumerate([1, -1, 1, -1], 1)), 0.0, cfg) is None
-
-
 def test_lead_misses_and_false_alarms_on_a_synthetic_store(tmp_path):
     uri = f"sqlite:///{tmp_path / 's.db'}"
     write_ablation(uri, "rule", "4", {
         "healthy": Curve(),
         "collapses": Curve(collapse_at=30),  # gold falls fast: both rules fire, gold falls
         "gold holds": Curve(collapse_at=30, gold_fall=0.0),  # indicators collapse, gold does not: false alarm
-        # gold sinks slowly (never 0.5 below its best); per-sample perplexity spikes hide the fall: only the
-        # token-pooled rule sees perplexity and length together
-        "spiky": Curve(reward_slope=0.0, kl_slope=0.0, collapse_at=30, gold_fall=0.01, ppl_spikes=True),
+        # gold sinks slowly; per-sample perplexity spikes hide the fall: only the token-pooled rule sees
+        # perplexity and length together
+        "spiky": Curve(reward_slope=0.0, kl_slope=0.0, collapse_at=30, gold_fall=0.03, ppl_spikes=True),
     }, seeds=[0], steps=70, sample_every=0)
     t = collapse_rule.run_table(uri).set_index("variant")
     assert t.loc["healthy", ["gold_fell", CURRENT, TOKENS]].isna().all()
