@@ -9,7 +9,6 @@ runs (tag harness.role=world) of the `world` experiment, one variant per run nam
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ import pandas as pd
 
 from harness import keys as K
 from harness import tracking
-from harness.config import LoggingConfig
 from harness.registry import (
     STANDARD_PANELS, Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry,
 )
@@ -41,8 +39,8 @@ STORE_OPTIONS.add_argument("--ablations-dir", help="registry folder (default: th
 
 
 def default_tracking_uri() -> str:
-    """$MLFLOW_TRACKING_URI, else the trainer's default (logging.tracking_uri)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or LoggingConfig().tracking_uri
+    """$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (harness.tracking.resolve_uri, as every writer)."""
+    return tracking.resolve_uri()
 
 
 def _search(tracking_uri: str, experiment: str, filter_string: str = "") -> list:

@@ -1,4 +1,4 @@
-"""Run one ablation: every variant x seed of a registry file, as child MLflow runs of one parent.
+"""Run one ablation: every variant x seed (x world) of a figure file, as child MLflow runs of one parent.
 
     python -m harness.ablate ablations/score_reparam.yaml --workers 2
     python -m harness.ablate score_reparam --dry-run                  # expand + validate only
@@ -6,36 +6,34 @@
     python -m harness.ablate score_reparam --scale paper --executor slurm --slurm-partition gpu --slurm-gpus 8
     python -m harness.ablate --list                                   # the whole registry
 
-Rerunning resumes from the MLflow store alone, under the grid's one parent run; a lock per grid
-keeps a second runner off it. Resume, layout and executors: docs/CONTRACTS.md, "The ablation runner".
+A figure file becomes tasks here; the study layer (harness.study) runs them: rerunning resumes from
+the MLflow store alone, under the grid's one parent run; a lock per grid keeps a second runner off
+it. Resume, layout and executors: docs/CONTRACTS.md, "The ablation runner".
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
+import functools
 import json
-import os
 import shutil
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-from tqdm.auto import tqdm
-
 from . import keys as K
 from . import summary as S
 from . import prog, tracking
-from .launch import EXECUTORS, LAUNCHERS, executor, launch_train
 from .registry import (
     Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds,
     registry_files,
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
+from .study import (
+    Outcome, Progress, Study, StudyBusy, Task, Tasks, add_executor_args, cluster_params, fmt_duration,
+)
 from .tracking import redact
 
 # CPU cost model (--list, the main job): one PPO step on the default world (32 prompts x 24-token
@@ -49,12 +47,6 @@ WORLD_BUILD_CPU_MIN = 4.5  # one default embedded-world build (kind: world), sin
 # The world's models are small: a second torch thread buys little and on shared cores mostly spins
 # (3-step runs: 15-90 s with 2 threads vs 2-4 s with 1), so more cores go to --workers.
 DEFAULT_THREADS = 1
-
-# On the parent run: hash of the grid's (variant, seed, config hash) list; a rerun reopens that parent.
-TAG_GRID = "harness.grid_hash"
-POLL_S = 2.0  # seconds between reads of the store for the progress of runs in flight
-SHOWN = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))  # a run in flight on the progress bar
-
 
 def estimate_cpu_minutes(reg: Registry) -> float:
     """Rough single-thread CPU minutes for the whole grid (see STEP_COST_S)."""
@@ -72,114 +64,58 @@ def estimate_cpu_minutes(reg: Registry) -> float:
     return total / 60
 
 
-def fmt_duration(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
-
-
 def fmt_changes(d: dict[str, Any]) -> str:
     return ", ".join(f"{k}={format_axis_value(v)}" for k, v in d.items()) or "(same as common)"
 
 
-def default_tracking_uri(reg: Registry) -> str:
-    return getattr(getattr(reg.common, "logging", None), "tracking_uri", None) or "sqlite:///mlflow.db"
+def default_tracking_uri(reg: Registry, flag: str | None = None) -> str:
+    """--tracking-uri, else $MLFLOW_TRACKING_URI, else the grid's logging.tracking_uri, else sqlite:///mlflow.db."""
+    return tracking.resolve_uri(flag, getattr(getattr(reg.common, "logging", None), "tracking_uri", None))
 
 
-class GridBusy(RuntimeError):
-    """Another runner holds this grid's lock."""
+GridBusy = StudyBusy
+"""Another runner holds this grid's lock (harness.study)."""
 
 
-@dataclass
-class Task:
-    """A run handed to an executor (plain data: it crosses a process boundary)."""
-
-    index: int
-    variant: str
-    seed: int
-    cfg: dict[str, Any]
-    """The run's resolved config (TrainConfig or WorldConfig as a dict), runner settings applied."""
-    resume: bool
-    note: str
-    nproc: int | None
-    """Ranks per run (None: every visible GPU for a CUDA DeepSpeed config, else 1)."""
-    launcher: str
-    world: dict[str, Any] | None = None
-    """kind world: build_world's out_dir, tracking_uri, experiment and tags (the runner's, by which
-    the store finds the run); None for train runs."""
-    parent_run_id: str | None = None
+def grid_identity(reg: Registry) -> list:
+    """What makes two invocations one grid (one parent run): the same runs with the same configs."""
+    return sorted((r.variant, r.seed, r.world if r.world is not None else -1, r.config_hash) for r in reg.runs)
 
 
-@dataclass
-class Outcome:
-    variant: str
-    seed: int
-    status: str  # FINISHED | FAILED | KILLED
-    run_id: str | None = None
-    steps_done: int = 0
-    collapsed: bool = False
-    collapse_step: int | None = None
-    error: str | None = None
-    wall_s: float = 0.0
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "FINISHED"
-
-    @property
-    def why(self) -> str:
-        return (self.error or "no reason recorded").strip().splitlines()[0]
-
-    def describe(self) -> str:
-        who = f"{self.variant} · seed {self.seed}"
-        if not self.ok:
-            return f"{self.status:<6} {who}: {self.why}"
-        collapsed = f"collapsed at step {self.collapse_step}" if self.collapse_step else "collapsed"
-        bits = [f"{self.steps_done} steps" if self.steps_done else "", fmt_duration(self.wall_s) if self.wall_s else "",
-                collapsed if self.collapsed else "", self.note if self.note != "new" else ""]
-        return f"done   {who}: " + ", ".join(b for b in bits if b)
-
-
-def grid_runs(uri: str, name: str, where: str = "") -> list[Any]:
-    """Every run (parent and children) grid `name` logged to its experiment, oldest first."""
-    query = f"tags.`{K.TAG_ABLATION}` = '{name}'" + (f" and {where}" if where else "")
-    runs = tracking.client(uri).search_runs([tracking.ensure_experiment(uri, name)], query, max_results=50000)
-    return sorted(runs, key=lambda r: r.info.start_time)
-
-
-def mark_dead(uri: str, name: str) -> None:
-    """Runs of this grid still RUNNING while we hold its lock belong to a runner that died (or a
-    worker that crashed): close them as KILLED. Resuming a train run reopens it."""
-    for r in grid_runs(uri, name, "attributes.status = 'RUNNING'"):
-        tracking.end_run(uri, r.info.run_id, "KILLED")
+def run_tags(reg: Registry, spec: Any) -> dict[str, str]:
+    """The tags that find a run of the grid in the store (and that analysis reads)."""
+    tags = {K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_VARIANT: spec.variant,
+            K.TAG_SEED: str(spec.seed), K.TAG_CONFIG_HASH: spec.config_hash}
+    return tags | ({} if spec.world is None else {K.TAG_WORLD_SEED: str(spec.world)})
 
 
 def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_dir: Path, threads: int,
-               progress: bool, nproc: int | None, launcher: str) -> tuple[list[Task], dict[int, Outcome]]:
-    """Split the grid into runs already FINISHED (their outcomes, by index) and runs to do: resume
+               progress: bool, nproc: int | None, launcher: str) -> tuple[list[Task], dict[str, Outcome]]:
+    """Split the grid into runs already FINISHED (their outcomes, by run name) and runs to do: resume
     the ones last seen KILLED, start the others (new, or FAILED before) from scratch."""
     tasks: list[Task] = []
-    done: dict[int, Outcome] = {}
-    for i, spec in enumerate(reg.runs):
-        tags = {K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_VARIANT: spec.variant,
-                K.TAG_SEED: str(spec.seed), K.TAG_CONFIG_HASH: spec.config_hash}
+    done: dict[str, Outcome] = {}
+    for spec in reg.runs:
+        tags = run_tags(reg, spec)
         seen = [r for r in existing if tags.items() <= r.data.tags.items()]
         finished = [r for r in seen if r.info.status == "FINISHED"]
         if finished:
             collapsed = finished[-1].data.tags.get(K.TAG_COLLAPSED) == "true"
-            done[i] = Outcome(spec.variant, spec.seed, "FINISHED", finished[-1].info.run_id, collapsed=collapsed)
+            done[spec.run_name] = Outcome(spec.run_name, spec.label, "FINISHED", finished[-1].info.run_id,
+                                          collapsed=collapsed)
             continue
         last = seen[-1].info.status if seen else None
         resume = reg.kind == "train" and last in ("KILLED", "RUNNING")
         note = "resume from its last checkpoint" if resume else (f"rerun after {last}" if last else "new")
         out_dir = runs_dir / reg.name / spec.config_hash  # a changed config never shares a checkpoint
-        task = Task(i, spec.variant, spec.seed, to_dict(spec.cfg), resume, note, nproc, launcher)
+        task = Task(spec.run_name, spec.label, to_dict(spec.cfg), kind=reg.kind, resume=resume, note=note, tags=tags,
+                    nproc=nproc, launcher=launcher)
         if reg.kind == "world":
-            task.world = {"out_dir": str(out_dir / "world"), "tracking_uri": tracking_uri, "experiment": reg.name,
-                          "tags": tags}
+            task.world = {"out_dir": str(out_dir / "world"), "tracking_uri": tracking_uri, "experiment": reg.name}
         else:
             if not resume:  # a fresh start must not pick up the checkpoint of a run the store no longer continues
                 shutil.rmtree(out_dir / spec.run_name, ignore_errors=True)
+            task.steps = spec.cfg.ppo.steps
             task.cfg = merge(task.cfg, {
                 "threads": task.cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
                 "logging.experiment": reg.name, "logging.run_name": spec.run_name, "logging.output_dir": str(out_dir),
@@ -187,62 +123,6 @@ def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_di
             })
         tasks.append(task)
     return tasks, done
-
-
-def execute(task: Task) -> Outcome:
-    """Run one task to the end; never raises except KeyboardInterrupt."""
-    t0 = time.time()
-    try:
-        out = _build_world(task) if task.world else _train(task)
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:  # noqa: BLE001 - one broken run must not take the grid down
-        out = Outcome(task.variant, task.seed, "FAILED", error=f"{type(e).__name__}: {e}")
-    out.note, out.wall_s = task.note, time.time() - t0
-    return out
-
-
-def _train(task: Task) -> Outcome:
-    """harness.train.train in this process, or launch_train when the run needs several ranks."""
-    import torch
-
-    from .config import from_dict
-    from .train import train
-
-    cfg = from_dict(merge(task.cfg, {"logging.parent_run_id": task.parent_run_id}))  # resumed runs keep theirs
-    parent = os.getppid()
-
-    def on_step(step: int, metrics: dict[str, float]) -> bool:
-        if os.getppid() != parent:  # orphaned (the runner was killed alone): end KILLED, resumable
-            raise KeyboardInterrupt("the ablation runner is gone")
-        return False
-
-    # a DeepSpeed config on a GPU machine takes every visible GPU (the paper scale); else one process
-    nproc = task.nproc or (torch.cuda.device_count() if cfg.device != "cpu" and cfg.distributed.deepspeed else 1)
-    if nproc > 1:
-        res = launch_train(cfg, nproc=nproc, resume=task.resume, on_step=on_step, launcher=task.launcher)
-    else:
-        res = train(cfg, resume=task.resume, on_step=on_step)
-    return Outcome(task.variant, task.seed, res.status, res.run_id, res.steps_done, res.collapsed, res.collapse_step,
-                   res.error)
-
-
-def _build_world(task: Task) -> Outcome:
-    """kind: world: build a world for this variant; its RM training is the child run."""
-    from .world import build_world
-    from .world.config import world_config_from_dict
-
-    error, w = None, task.world
-    try:
-        # force: we only get here when the store has no finished run of this world, so a cached
-        # build (which build_world would return without logging) must be rebuilt to be logged.
-        build_world(world_config_from_dict(task.cfg), **w, parent_run_id=task.parent_run_id, progress=False, force=True)
-    except Exception as e:  # noqa: BLE001 - build_world has ended its run FAILED
-        error = f"{type(e).__name__}: {e}"
-    # The run build_world logged (found by our tags), so the summary can read its metrics.
-    runs = [r for r in grid_runs(w["tracking_uri"], w["experiment"]) if w["tags"].items() <= r.data.tags.items()]
-    status = runs[-1].info.status if runs and not error else "FAILED"
-    return Outcome(task.variant, task.seed, status, runs[-1].info.run_id if runs else None, error=error)
 
 
 @dataclass
@@ -267,77 +147,42 @@ class AblationResult:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
 
-class Progress:
-    """One line per finished run. On a terminal also a tqdm bar of the grid, its postfix the train runs
-    in flight (step, RM score, KL, length: read from the store every POLL_S, whichever executor runs
-    them); elsewhere each line ends with the elapsed time and an ETA (elapsed / runs done here x runs left)."""
+def ensure_worlds(reg: Registry, tracking_uri: str, workers: int = 1, *, missing_default: bool = False) -> None:
+    """Build what the grid's runs read and is not built yet, `workers` at a time (each build in its own
+    process), logged to the store's `world` experiment: the worlds of a grid over worlds (their
+    properties printed), and with `missing_default` (the main job, the reference rerun) the default world
+    at a data.world_dir that holds none. A folder holding a world of another config is used as it is."""
+    from .launch import in_own_process
+    from .world import WorldConfig, build_world, built_hash, load_world, world_config_hash
 
-    def __init__(self, reg: Registry, done: int, bars: bool):
-        self.name, self.on = reg.name, bars
-        self.total, self.done, self.t0, self.finished_here = len(reg.runs), done, time.time(), 0
-        self.grid = tqdm(total=self.total, initial=done, desc=reg.name, unit="run", dynamic_ncols=True,
-                         disable=not bars)
-        self.steps = {(r.variant, str(r.seed)): r.cfg.ppo.steps for r in reg.runs if reg.kind == "train"}
-
-    def write(self, line: str) -> None:
-        tqdm.write(line, file=sys.stdout)
-        sys.stdout.flush()
-
-    def finish(self, out: Outcome) -> None:
-        self.done += 1
-        self.finished_here += 1
-        self.grid.update(1)
-        line = f"[{self.done:>{len(str(self.total))}}/{self.total}] {out.describe()}"
-        if not self.on:
-            el = time.time() - self.t0
-            eta = el / self.finished_here * (self.total - self.done)
-            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(eta)}"
-        self.write(line)
-
-    def poll(self, uri: str) -> None:
-        """The train runs in flight, in the grid bar's postfix: latest step and scores from the store."""
-        shown = []
-        for r in grid_runs(uri, self.name, f"attributes.status = 'RUNNING' and tags.`{K.TAG_ROLE}` = 'train'"):
-            v, seed, m = r.data.tags.get(K.TAG_VARIANT), r.data.tags.get(K.TAG_SEED), r.data.metrics
-            step = max((s for s, _ in tracking.metric_history(uri, r.info.run_id, K.RM_SCORE)), default=0)
-            scores = "".join(f" {short}={m[k]:.3g}" for k, short in SHOWN if k in m)
-            shown.append(f"{v} · s{seed} {step}/{self.steps.get((v, seed), '?')}{scores}")
-        self.grid.set_postfix_str("; ".join(shown))
-
-
-def collect(f: Future, t: Task, outcomes: dict[int, Outcome]) -> Outcome:
-    """Record the run's Outcome, or FAILED with why when its worker process or job died under it."""
-    try:
-        outcomes[t.index] = f.result()
-    except Exception as e:  # noqa: BLE001 - a dead worker process, or submitit's FailedJobError: a job that died
-        why = (f"{type(e).__name__}: {e}" if not isinstance(e, BrokenProcessPool)
-               else "worker process died (killed, often for memory, or crashed); rerun to resume it")
-        outcomes[t.index] = Outcome(t.variant, t.seed, "FAILED", error=why, note=t.note)
-    return outcomes[t.index]
-
-
-def open_parent(reg: Registry, uri: str, existing: list[Any], create: bool) -> str | None:
-    """The grid's parent run: the one an earlier invocation of this grid opened (reopened), else a
-    new one if `create`."""
-    grid = json.dumps(sorted((r.variant, r.seed, r.config_hash) for r in reg.runs))
-    ghash = hashlib.sha256(grid.encode()).hexdigest()[:16]
-    same = [r for r in existing if r.data.tags.get(K.TAG_ROLE) == "parent" and r.data.tags.get(TAG_GRID) == ghash]
-    if same:
-        tracking.reopen_run(uri, same[-1].info.run_id)
-        return same[-1].info.run_id
-    if not create:
-        return None
-    pid = tracking.start_run(uri, reg.name, f"{reg.name} {time.strftime('%Y-%m-%d %H:%M:%S')}", tags={
-        K.TAG_ROLE: "parent", K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, K.TAG_COMMIT: tracking.git_commit(),
-        TAG_GRID: ghash, "harness.registry_file": str(reg.path), "harness.scale": reg.scale,
-    })
-    c = tracking.client(uri)  # the experiment's description in the MLflow UI
-    c.set_experiment_tag(c.get_run(pid).info.experiment_id, "mlflow.note.content", f"{reg.title}\n\n{reg.description}")
-    tracking.log_params(uri, pid, {
-        "registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds, "variants": reg.variant_names,
-        "runs": len(reg.runs), **{f"common.{k}": v for k, v in reg.common_changes.items()},
-    })
-    return pid
+    todo: dict[str, tuple[Any, dict[str, str]]] = {}
+    for w, (cfg, d) in reg.worlds.items():
+        if built_hash(d) != world_config_hash(cfg):
+            todo[str(d)] = (cfg, {K.TAG_WORLD_SEED: str(w)})
+    if missing_default and reg.kind == "train" and not reg.worlds:
+        for d in sorted({r.cfg.data.world_dir for r in reg.runs if r.cfg.data.source == "world"
+                         or str(r.cfg.model.sft_path).startswith("world:")}):
+            have = built_hash(d)
+            if have is None:
+                todo[d] = (WorldConfig(), {})
+            else:
+                other = "" if have == world_config_hash(WorldConfig()) else (
+                    f", not the default config; to rebuild it: python -m harness.world build --out {d} --force")
+                print(f"  world at {d}: built ({have}{other}); reusing it")
+    if todo:
+        t0 = time.time()
+        print(f"  building {len(todo)} world(s) into {', '.join(todo)} (pretrain, SFT, preference pairs, reward "
+              "model: several CPU minutes each, once)", flush=True)
+        with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:  # each build in its own process
+            for job in [pool.submit(in_own_process, functools.partial(build_world, progress=len(todo) == 1), cfg, d,
+                                    tracking_uri=tracking_uri, experiment="world", tags=tags)
+                        for d, (cfg, tags) in todo.items()]:
+                job.result()
+        print(f"  world(s) ready ({time.time() - t0:.0f} s)", flush=True)
+    for w, (cfg, d) in reg.worlds.items():
+        m = load_world(d).metrics
+        print(f"  world {w} ({world_config_hash(cfg)}, {d}): RM held-out acc {m.get(K.RM_EVAL_ACC, float('nan')):.3f}, "
+              f"vs gold {m.get(K.RM_EVAL_ACC_GOLD, float('nan')):.3f}, SFT gold {m.get(K.SFT_GOLD_MEAN, float('nan')):+.3f}")
 
 
 def run_ablation(
@@ -353,69 +198,52 @@ def run_ablation(
     launcher: str = "torchrun",
     cluster: dict[str, Any] | None = None,
 ) -> AblationResult:
-    """Run (or resume) the grid of `reg`; returns outcomes, the parent run id and summary tables.
-    Raises GridBusy when another runner holds the grid. cluster: submitit parameters (--executor slurm)."""
+    """Run (or resume) the grid of `reg` on the study layer; returns outcomes, the parent run id and
+    summary tables. Raises GridBusy when another runner holds the grid. cluster: submitit parameters."""
     t0 = time.time()
-    uri = tracking_uri or default_tracking_uri(reg)
+    uri = default_tracking_uri(reg, tracking_uri)
     runs_dir = Path(runs_dir)
-    # one lock per grid and store: beside a sqlite store's file, else in the grid's runs folder
-    db, local = Path(uri.removeprefix("sqlite:///")), uri.startswith("sqlite:///")
-    lock = db.parent / f"{reg.name}.ablate.{db.name}.lock" if local else runs_dir / reg.name / "ablate.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        held = FileLock(lock).acquire(timeout=0)
-    except Timeout:
-        raise GridBusy(f"another `python -m harness.ablate` is running grid {reg.name!r} on store {uri} "
-                       f"(lock {lock}); wait for it to finish, or stop it, then rerun") from None
-    with held:
-        mark_dead(uri, reg.name)
-        existing = grid_runs(uri, reg.name)
+    mine = f"tags.`{K.TAG_ABLATION}` = '{reg.name}'"
+    with Study(uri, reg.name, grid_identity(reg), runs_dir=runs_dir, exclusive=True) as st:
+        st.mark_dead(mine)  # we hold the grid's lock: what still says RUNNING has no runner
+        existing = st.runs(mine)
         threads = threads or DEFAULT_THREADS
         bars = sys.stderr.isatty() if progress is None else progress
         tasks, outcomes = plan_tasks(reg, existing, tracking_uri=uri, runs_dir=runs_dir, threads=threads,
                                      progress=bars and workers == 0, nproc=nproc, launcher=launcher)
-        prog = Progress(reg, done=len(outcomes), bars=bars)
+        prog = Progress(reg.name, len(reg.runs), done=len(outcomes), bars=bars)
         n_resume = sum(t.resume for t in tasks)
         how = "in this process" if workers == 0 else f"{executor_kind} executor, {min(workers, len(tasks))} at a time"
+        worlds = f" x {len(reg.worlds)} worlds" if reg.worlds else ""
         prog.write(f"{reg.name} (Fig. {reg.figure}): {len(reg.runs)} runs = {len(reg.variants)} variants x "
-                   f"{len(reg.seeds)} seeds; {len(outcomes)} finished earlier, {n_resume} to resume, "
+                   f"{len(reg.seeds)} seeds{worlds}; {len(outcomes)} finished earlier, {n_resume} to resume, "
                    f"{len(tasks) - n_resume} to start"
                    + (f"; {how} x {threads} thread(s)" if tasks else " (nothing to run)"))
         for line in reg.warnings:
             prog.write(f"warning: {line}")
         for o in outcomes.values():
-            prog.write(f"  skip   {o.variant} · seed {o.seed}: finished earlier (run {o.run_id})")
+            prog.write(f"  skip   {o.label}: finished earlier (run {o.run_id})")
 
-        parent_id = open_parent(reg, uri, existing, create=bool(tasks))
+        parent_id = st.parent(
+            create=bool(tasks), run_name=f"{reg.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            tags={K.TAG_ABLATION: reg.name, K.TAG_FIGURE: reg.figure, "harness.registry_file": str(reg.path),
+                  "harness.scale": reg.scale},
+            params={"registry_file": str(reg.path), "scale": reg.scale, "seeds": reg.seeds,
+                    "variants": reg.variant_names, "runs": len(reg.runs), "worlds": sorted(reg.worlds),
+                    **{f"common.{k}": v for k, v in reg.common_changes.items()}},
+            note=f"{reg.title}\n\n{reg.description}")
         interrupted = False
         if tasks:
             tracking.set_tags(uri, parent_id, {"harness.workers": str(workers), "harness.executor": executor_kind,
                                                "harness.threads_per_run": str(threads)})
-            for t in tasks:
-                t.parent_run_id = parent_id
-                outcomes[t.index] = Outcome(t.variant, t.seed, "KILLED", error="interrupted", note="interrupted")
-            ex = executor(executor_kind, workers, runs_dir / reg.name / "submitit", **(cluster or {}))
-            futures: dict[Future, Task] = {}
-            try:
-                for t in tasks:
-                    f = ex.submit(execute, t)
-                    futures[f] = t
-                    if f.done():  # --workers 0 ran it already
-                        prog.finish(collect(f, futures.pop(f), outcomes))
-                while futures:  # each outcome as it finishes, polling the store for the bar meanwhile
-                    for f in wait(futures, timeout=POLL_S if prog.on else None, return_when=FIRST_COMPLETED).done:
-                        prog.finish(collect(f, futures.pop(f), outcomes))
-                    if prog.on and futures:
-                        prog.poll(uri)
-                ex.shutdown()
-            except KeyboardInterrupt:
-                interrupted = True
-                prog.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
-                ex.shutdown(cancel=True)
-            mark_dead(uri, reg.name)  # runs whose worker died under them: KILLED, so a rerun resumes them
-        prog.grid.close()
+            ran, interrupted = st.execute(Tasks(tasks), executor=executor_kind, workers=workers, progress=prog,
+                                          cluster=cluster)
+            outcomes |= ran
+            st.mark_dead(mine)  # runs whose worker died under them: KILLED, so a rerun resumes them
+        else:
+            prog.close()
 
-        ordered = [outcomes[i] for i in sorted(outcomes)]
+        ordered = [outcomes[r.run_name] for r in reg.runs]
         result = AblationResult(reg, ordered, parent_id, uri, time.time() - t0, interrupted)
         out = runs_dir / reg.name
         try:  # summary_runs.csv (per run) and summary.csv (per variant), also on the parent run
@@ -423,49 +251,39 @@ def run_ablation(
             out.mkdir(parents=True, exist_ok=True)
             result.per_run.to_csv(out / "summary_runs.csv", index=False)
             result.summary.to_csv(out / "summary.csv")
-            if parent_id:
+            if parent_id and tasks:
                 tracking.log_file_artifacts(uri, parent_id, [out / "summary_runs.csv", out / "summary.csv"])
         except Exception as e:  # noqa: BLE001 - a summary problem must not hide the runs' outcome
             print(f"(could not build or write the summary under {out}: {type(e).__name__}: {e})", file=sys.stderr)
-        if parent_id:
-            failed = result.failed
-            tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(result.outcomes))}
-            if failed:
-                tags["harness.failed"] = "; ".join(f"{o.variant} s{o.seed}: {o.why[:200]}" for o in failed)[:4900]
-            tracking.set_tags(uri, parent_id, tags)
-            collapsed = sum(bool(o.collapsed) for o in result.outcomes)
-            tracking.MetricLogger(uri, parent_id).log({"grid/runs": len(result.outcomes), "grid/failed": len(failed),
-                                                       "grid/collapsed": collapsed}, step=0)
-            tracking.end_run(uri, parent_id, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
+        if tasks:  # a rerun that found everything finished leaves the parent as it was
+            collapsed = sum(bool(o.collapsed) for o in ordered)
+            st.finish(ordered, interrupted=interrupted, metrics={
+                "grid/runs": len(ordered), "grid/failed": len(result.failed), "grid/collapsed": collapsed})
     return result
 
 
 def summarize(result: AblationResult) -> tuple[Any, Any]:
-    """Per run, each column of S.TRAIN_TABLE / S.WORLD_TABLE (one value per logged step, the last
-    if a step was logged twice); per variant, mean ± sd over seeds, as the report's table."""
+    """Per run, each column of S.TRAIN_TABLE / S.WORLD_TABLE (harness.summary.reduce_run over its logged
+    steps, the last value if a step was logged twice); per variant, harness.summary.variant_table."""
     import pandas as pd
 
-    reg, c = result.registry, tracking.client(result.tracking_uri)
+    reg = result.registry
     columns = S.WORLD_TABLE if reg.kind == "world" else S.TRAIN_TABLE
+    specs = {r.run_name: r for r in reg.runs}
     rows = []
     for o in result.outcomes:
-        row: dict[str, Any] = {"variant": o.variant, "seed": o.seed, "status": o.status, "run_id": o.run_id,
-                               "collapsed": bool(o.collapsed), "error": o.error or ""}
+        spec = specs[o.key]
+        row: dict[str, Any] = {"variant": spec.variant, "seed": spec.seed, "world": spec.world, "status": o.status,
+                               "run_id": o.run_id, "collapsed": bool(o.collapsed), "error": o.error or ""}
         for header, key, stat in columns:
-            history = c.get_metric_history(o.run_id, key) if o.run_id else []
-            by_step = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}  # the last per step
-            if by_step:
-                row[header] = S.reduce_run([by_step[s] for s in sorted(by_step)], stat)
+            history = tracking.metric_history(result.tracking_uri, o.run_id, key) if o.run_id else []
+            if history:
+                row[header] = S.reduce_run(S.by_step(history), stat)
         rows.append(row)
     per_run = pd.DataFrame(rows)
-    table = []
-    for name, g in per_run.groupby("variant", sort=False):
-        r: dict[str, Any] = {"variant": name, "runs": len(g), "finished": int((g["status"] == "FINISHED").sum()),
-                             "failed": int((g["status"] != "FINISHED").sum()), "collapsed": int(g["collapsed"].sum())}
-        for header in (h for h, _, _ in columns if h in per_run):  # no data anywhere (gold on HH-RLHF): no column
-            r[header] = S.fmt_mean_sd(S.describe(g[header]))
-        table.append(r)
-    return per_run, pd.DataFrame(table).set_index("variant")
+    if not reg.worlds:
+        per_run = per_run.drop(columns="world")
+    return per_run, S.variant_table(per_run, [h for h, _, _ in columns])
 
 
 def print_summary(result: AblationResult) -> None:
@@ -484,7 +302,7 @@ def print_summary(result: AblationResult) -> None:
         print(f"\n{len(result.failed)} run(s) did not finish:")
         for o in result.failed:
             run = f"  (run {o.run_id})" if o.run_id else ""
-            print(f"  - {o.variant} · seed {o.seed}: {o.status}: {o.why}{run}")
+            print(f"  - {o.label}: {o.status}: {o.why}{run}")
         print("Rerun the same command to retry them; finished runs are skipped.")
     elif result.interrupted:
         print("\ninterrupted; rerun the same command to resume.")
@@ -497,26 +315,19 @@ def add_grid_args(ap: argparse.ArgumentParser, workers: int) -> None:
     ap.add_argument("--workers", type=int, default=workers, metavar="N",
                     help=f"runs at a time, each in its own process or job (0: here, for pdb; default {workers})")
     ap.add_argument("--seeds", metavar="LIST", help="seeds to run instead of the file's, e.g. 0,1 or 0-4")
+    ap.add_argument("--worlds", metavar="LIST", help="world seeds to run every variant x seed on instead of the "
+                    "file's `worlds`, e.g. 0,1,2 (each world built once, cached by its config hash)")
     ap.add_argument("--set", dest="overrides", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override a config key in every run, e.g. --set ppo.steps=20 (repeatable)")
     ap.add_argument("--scale", metavar="NAME", help="the file's profiles.NAME, e.g. paper (GPU); default: world (CPU)")
     ap.add_argument("--variant", dest="variants", action="append", default=[], metavar="NAME",
                     help="run only this variant (repeatable; exact legend name)")
-    ap.add_argument("--tracking-uri", metavar="URI", help="MLflow store (default: the base's logging.tracking_uri)")
+    ap.add_argument("--tracking-uri", metavar="URI", help="MLflow store (default: $MLFLOW_TRACKING_URI, else the "
+                    "base's logging.tracking_uri, else sqlite:///mlflow.db)")
     ap.add_argument("--runs-dir", default="runs", metavar="DIR", help="run folders under DIR/NAME/ (default: runs)")
     ap.add_argument("--no-progress", action="store_true", help="no bars; a line per finished run (elapsed, ETA) stays")
     ap.add_argument("--threads", type=int, metavar="N", help=f"torch threads per run (default {DEFAULT_THREADS})")
-    ex = ap.add_argument_group("where runs execute")
-    ex.add_argument("--executor", choices=EXECUTORS, default="local",
-                    help="local: a process per run; slurm: a Slurm job per run (submitit); submitit-local: that "
-                         "path without Slurm (default: local)")
-    ex.add_argument("--nproc", type=int, metavar="N", help="ranks per run, via torchrun/deepspeed (default: every "
-                    "visible GPU for a CUDA DeepSpeed config, else 1 = the worker's own process)")
-    ex.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="multi-rank launcher (default: torchrun)")
-    ex.add_argument("--slurm-partition", metavar="NAME", help="Slurm partition (--executor slurm)")
-    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per job (def. 1440)")
-    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per job (default: 0)")
-    ex.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job (default: --threads)")
+    add_executor_args(ap, DEFAULT_THREADS)
 
 
 def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
@@ -526,7 +337,8 @@ def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
         return load_registry(find_ablation(name, getattr(args, "registry", None)), scale=args.scale,
                              seeds=parse_seeds(args.seeds) if args.seeds is not None else None,
                              overrides=parse_overrides([x for group in args.overrides for x in group]),
-                             only=args.variants or None)
+                             only=args.variants or None,
+                             worlds=parse_seeds(args.worlds, "--worlds") if args.worlds is not None else None)
     except (ConfigError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -539,9 +351,9 @@ def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2
-    cluster = {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
-               "cpus_per_task": args.slurm_cpus or args.threads or DEFAULT_THREADS, "name": f"ablate-{reg.name}",
-               **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
+    if reg.worlds:
+        ensure_worlds(reg, default_tracking_uri(reg, args.tracking_uri), max(1, args.workers))
+    cluster = cluster_params(args, f"ablate-{reg.name}", DEFAULT_THREADS)
     try:
         result = run_ablation(reg, workers=args.workers, tracking_uri=args.tracking_uri, runs_dir=args.runs_dir,
                               threads=args.threads, progress=False if args.no_progress else None,
@@ -600,14 +412,22 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print(f"base: {reg.base}")
     print(f"every run: {fmt_changes(reg.common_changes)}")
     print(f"seeds: {reg.seeds}; panels: {', '.join(reg.panels)}")
+    if reg.worlds:
+        from .world import built_hash, world_config_hash
+
+        for w, (cfg, d) in reg.worlds.items():
+            state = "built" if built_hash(d) == world_config_hash(cfg) else "to be built by the runner"
+            print(f"world {w}: {d} ({state})")
     print(f"MLflow: experiment {reg.name!r} at {redact(tracking_uri)}; run folders under {runs_dir / reg.name}/")
     on_gpu = any(getattr(r.cfg, "device", "cpu") == "cuda" for r in reg.runs)
     cost = f"est. {estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes"
     cost = "GPU runs (no CPU-minute estimate)" if on_gpu else cost
-    print(f"{len(reg.runs)} runs ({len(reg.variants)} variants x {len(reg.seeds)} seeds), {cost}:")
+    worlds = f" x {len(reg.worlds)} worlds" if reg.worlds else ""
+    print(f"{len(reg.runs)} runs ({len(reg.variants)} variants x {len(reg.seeds)} seeds{worlds}), {cost}:")
     w = max(len(r.variant) for r in reg.runs)
     for r in reg.runs:
-        print(f"  {r.variant:<{w}}  seed {r.seed}  {r.run_name:<32} hash {r.config_hash}  {fmt_changes(r.changed)}")
+        where = "" if r.world is None else f"  world {r.world}"
+        print(f"  {r.variant:<{w}}  seed {r.seed}{where}  {r.run_name:<32} hash {r.config_hash}  {fmt_changes(r.changed)}")
     for line in reg.warnings:
         print(f"warning: {line}")
     print("all configs valid (dry run: nothing trained)")
@@ -622,13 +442,16 @@ def preflight(reg: Registry) -> list[str]:
 
     problems: dict[str, None] = {}
     seen = set()
+    built_by_runner = {str(d) for _, d in reg.worlds.values()}  # a grid over worlds builds its own
     for r in reg.runs:  # the hardware rules read every section; the inputs only model and data
         d = to_dict(r.cfg)
         for check, key in ((check_hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
                            (check_inputs, [d["model"], d["data"]])):
             if (k := (check.__name__, json.dumps(key, sort_keys=True, default=str))) not in seen:
                 seen.add(k)
-                problems |= {f"{r.variant}: {p}" if len(reg.variants) > 1 else p: None for p in check(r.cfg)}
+                found = [p for p in check(r.cfg) if not (r.cfg.data.world_dir in built_by_runner and "no built world" in p
+                                                          or r.cfg.data.world_dir in built_by_runner and "world:" in p)]
+                problems |= {f"{r.variant}: {p}" if len(reg.variants) > 1 else p: None for p in found}
     if any("no built world" in p for p in problems):
         problems["or run the whole main job (world + ablation + figures + report): python -m harness.main"] = None
     return list(problems)
@@ -647,10 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(reg, int):
         return reg
     if args.dry_run:
-        print_dry_run(reg, args.tracking_uri or default_tracking_uri(reg), Path(args.runs_dir))
+        print_dry_run(reg, default_tracking_uri(reg, args.tracking_uri), Path(args.runs_dir))
         problems = preflight(reg)
         if problems:
-            print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems))
+            print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+            return 2
         return 0
     result = run_grid(reg, args)
     return result if isinstance(result, int) else result.exit_code

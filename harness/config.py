@@ -193,8 +193,8 @@ class RewardConfig:
 
 @section
 class LoggingConfig:
-    tracking_uri: TrackingURI = "sqlite:///mlflow.db"
-    """MLflow tracking URI (sqlite file, directory or server URL), without spaces."""
+    tracking_uri: TrackingURI | None = None
+    """MLflow tracking URI (sqlite file, directory or server URL), without spaces; null = $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db. A runner's --tracking-uri and $MLFLOW_TRACKING_URI beat it (harness.tracking.resolve_uri)."""
     experiment: Name = "harness"
     """MLflow experiment name."""
     run_name: FolderName | None = None

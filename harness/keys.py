@@ -97,6 +97,10 @@ STEP_METRICS = [
 """Logged at every step (gold keys too when the source has a gold reward)."""
 GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
+KNOWN_METRICS = list(dict.fromkeys(
+    STEP_METRICS + GOLD_METRICS + EVAL_METRICS
+    + [PPL_TOKENS, COLLAPSE_STEP, COLLAPSE_SIGNALS, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
+"""Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 
 TAG_SEED = "harness.seed"
 TAG_COMMIT = "harness.git_commit"
@@ -108,18 +112,21 @@ TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, 
 TAG_BEST_STEP = "harness.best_step"  # step of the best held-out eval before the collapse rule fired (best_policy.pt)
 TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
 TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
+TAG_PID = "harness.pid"  # the process that trains the run (rank 0), set whenever it (re)opens the run
 TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run
 TAG_CRITIC_FREE = "harness.critic_free"  # "true" when that estimator trains no critic
 # Set by the ablation runner / sweeps on child runs:
 TAG_ABLATION = "harness.ablation"
 TAG_FIGURE = "harness.figure"
 TAG_VARIANT = "harness.variant"
+TAG_WORLD_SEED = "harness.world_seed"  # the world seed of a run in a grid over worlds (`worlds:`)
 TAG_TRIAL = "harness.trial"
 TAG_SWEEP = "harness.sweep"
 TAG_TRIAL_STATE = "harness.trial_state"
 TAG_TRIAL_OUTCOME = "harness.trial_outcome"
 SWEEP_OBJECTIVE = "sweep/objective"  # a trial run's objective value (logged once per seed run)
 
+STOP_FILE = "STOP"  # a file of this name in a run folder stops the run at its next step (harness.parallel.agree_stop)
 ARTIFACT_CONFIG = "config.yaml"  # the resolved config
 SAMPLES_DIR = "samples"  # samples/step_000050.json: {"step", "rows": [{prompt, response, rm_score, gold_score, length}]}
 EVAL_SCORES_DIR = "eval"  # eval/rm_scores_step_000050.json: {"step", "rm": [...], "gold": [...]} (Fig. 13)

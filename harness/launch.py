@@ -30,7 +30,6 @@ from . import keys, tracking
 from .config import TrainConfig, load_config, to_yaml
 from .schema import ConfigError
 
-STOP_FILE = "STOP"  # = harness.parallel.STOP_FILE (not imported: this module must stay light, without torch)
 EXECUTORS = ("local", "slurm", "submitit-local")
 LAUNCHERS = ("torchrun", "deepspeed")
 
@@ -190,10 +189,12 @@ def launch_train(
     c = cfg if isinstance(cfg, TrainConfig) else load_config(cfg, overrides)
     run_name = c.logging.run_name or default_run_name(c)
     c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=run_name))
-    uri, run_dir = c.logging.tracking_uri, Path(c.logging.output_dir) / c.logging.run_name
+    uri = tracking.resolve_uri(None, c.logging.tracking_uri)
+    c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, tracking_uri=uri))
+    run_dir = Path(c.logging.output_dir) / c.logging.run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "launch_config.yaml").write_text(to_yaml(c))
-    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    (run_dir / keys.STOP_FILE).unlink(missing_ok=True)
     run_json, log_path = run_dir / "run.json", run_dir / "launch.log"
     before = run_json.stat().st_mtime_ns if run_json.exists() else None
 
@@ -221,7 +222,7 @@ def launch_train(
         for step in sorted(s for s, m in hist.items() if s > seen and len(m) == len(watch)):
             seen = step
             if on_step(step, hist[step]):
-                (run_dir / STOP_FILE).touch()
+                (run_dir / keys.STOP_FILE).touch()
                 return True
         return False
 

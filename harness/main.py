@@ -14,34 +14,12 @@ import time
 from pathlib import Path
 
 from . import ablate
-from .registry import REPO_ROOT, Registry
+from .registry import REPO_ROOT
+from .study import fmt_duration
 from .tracking import redact
 
 DEFAULT_ABLATION = "score_reparam"
 RESULTS = "results"  # figures and reports of this run (ignored by git)
-
-
-def build_world_if_missing(reg: Registry, tracking_uri: str) -> None:
-    """Build the world each run reads (data.world_dir) with default settings, unless one is built
-    there: a world built from another config is used as it is (build_world would replace it)."""
-    from .world import WorldConfig, build_world, built_hash, world_config_hash
-
-    dirs = sorted({r.cfg.data.world_dir for r in reg.runs if reg.kind == "train" and (
-        r.cfg.data.source == "world" or str(r.cfg.model.sft_path).startswith("world:"))})
-    if not dirs:
-        print("  this grid does not use the embedded world; nothing to build")
-    for d in dirs:
-        have = built_hash(d)
-        if have is not None:
-            other = "" if have == world_config_hash(WorldConfig()) else (
-                f", not the default config; to rebuild it: python -m harness.world build --out {d} --force")
-            print(f"  world at {d}: built ({have}{other}); reusing it")
-            continue
-        t0 = time.time()
-        print(f"  world at {d}: not built yet; building it (pretrain, SFT, preference pairs, reward model: "
-              f"several CPU minutes, once)", flush=True)
-        build_world(WorldConfig(), d, tracking_uri=tracking_uri, experiment="world", progress=True)
-        print(f"  world ready at {d} ({time.time() - t0:.0f} s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     reg = ablate.load_grid(args, args.ablation)
     if isinstance(reg, int):
         return reg
-    uri = args.tracking_uri = args.tracking_uri or ablate.default_tracking_uri(reg)
+    uri = args.tracking_uri = ablate.default_tracking_uri(reg, args.tracking_uri)
     print(f"main job: {reg.name} (Fig. {reg.figure}): {reg.title}")
     print(f"  {len(reg.runs)} runs, est. {ablate.estimate_cpu_minutes(reg):.0f} single-thread CPU-minutes, "
           f"{args.workers} worker(s); MLflow store {redact(uri)}")
@@ -78,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
         start_fork_server()
     print("\n[1/3] embedded world", flush=True)
-    build_world_if_missing(reg, uri)
+    ablate.ensure_worlds(reg, uri, max(1, args.workers), missing_default=True)
     print(f"\n[2/3] ablation {reg.name}: {len(reg.variants)} variants x {len(reg.seeds)} seeds", flush=True)
     result = ablate.run_grid(reg, args)
     if isinstance(result, int) or result.interrupted:
@@ -98,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\nagainst the committed reference results (python -m analysis.compare):")
     after_run(reg.name, uri)  # per claim: the reference's verdict and this run's; per metric: in the band or not
-    print(f"\ndone in {ablate.fmt_duration(time.time() - t0)}.")
+    print(f"\ndone in {fmt_duration(time.time() - t0)}.")
     if pdf is not None:
         print(f"report: {pdf.resolve()}\n  open it:    xdg-open {pdf}   (macOS: open {pdf})")
     fig_png = Path(RESULTS, reg.name, "figure.png")

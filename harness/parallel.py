@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import keys
 from .algorithms.estimators import NEEDS_CRITIC, NEEDS_GROUPS
 from .config import ConfigError, TrainConfig
 
@@ -24,7 +25,6 @@ class NonFiniteLoss(RuntimeError):
     """A loss or gradient went NaN/inf; the run ends FAILED with this message."""
 
 
-STOP_FILE = "STOP"
 """Creating `{output_dir}/{run_name}/STOP` asks a running job to stop after its current step
 (status FINISHED, tag harness.stopped_by=callback); `launch.launch_train` uses it for on_step."""
 
@@ -516,7 +516,7 @@ def frozen(module: torch.nn.Module, cfg: TrainConfig, env: DistEnv, device: torc
 def agree_stop(env: DistEnv, stop: bool, run_dir: Path) -> bool:
     """Rank 0's stop decision (callback or a STOP file in the run folder), the same on every rank."""
     if env.is_main:
-        f = Path(run_dir) / STOP_FILE
+        f = Path(run_dir) / keys.STOP_FILE
         if f.exists():
             f.unlink(missing_ok=True)  # honoured once: a later --resume runs on
             stop = True

@@ -40,10 +40,7 @@ DEFAULT_SCALE = "world"  # no profile: the file's own settings (the embedded wor
 RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST = "rm_score_diff_hist", "rm_accuracy", "eval_rm_score_hist"
 SPECIAL_PANELS = (RM_SCORE_DIFF_HIST, RM_ACCURACY, EVAL_RM_SCORE_HIST)
 STANDARD_PANELS = [K.RM_SCORE, K.LENGTH, K.KL, K.PPL]  # the paper's usual four; drawn when `panels` is absent
-KNOWN_METRICS = tuple(
-    K.STEP_METRICS + K.GOLD_METRICS + K.EVAL_METRICS
-    + [K.PPL_TOKENS, K.COLLAPSE_STEP, K.COLLAPSE_SIGNALS, K.GOLD_ONSET, K.RM_TRAIN_ACC, K.RM_EVAL_ACC, K.RM_TRAIN_LOSS]
-)
+KNOWN_METRICS = tuple(K.KNOWN_METRICS)
 
 
 class RegistryError(ConfigError):
@@ -233,6 +230,12 @@ class FigureFile:
     """Overrides shared by every run."""
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     """Seeds of every variant."""
+    worlds: Annotated[list[Seed], Field(min_length=1)] | None = None
+    """World seeds (the embedded world's `seed`) every variant x seed runs on: each world is built once by
+    the runner, cached by its config hash under .harness/worlds/, and its runs are tagged harness.world_seed;
+    null: the one world at the base's data.world_dir."""
+    world_set: dict[str, Any] = Field(default_factory=dict)
+    """WorldConfig overrides for every world of `worlds` (e.g. {model.n_layer: 4} for a bigger world)."""
     variants: list[VariantEntry] = Field(default_factory=list)
     """Named variants (a bare string: a variant with no settings)."""
     grid: Grid | None = None
@@ -261,11 +264,18 @@ class RunSpec:
     config_hash: str
     changed: dict[str, Any]
     """Flat key -> value where this run differs from the registry's common config (seed excluded)."""
+    world: int | None = None
+    """The world seed of a grid over worlds (`worlds:`), else None."""
 
     @property
     def run_name(self) -> str:
-        """Deterministic MLflow run name and run-folder name: same variant x seed, same name."""
-        return f"{slug(self.variant)}-s{self.seed}"
+        """Deterministic MLflow run name and run-folder name: same variant x seed (x world), same name."""
+        return f"{slug(self.variant)}-s{self.seed}" + ("" if self.world is None else f"-w{self.world}")
+
+    @property
+    def label(self) -> str:
+        """How progress lines name it: 'vanilla PPO · seed 0 (world 1)'."""
+        return f"{self.variant} · seed {self.seed}" + ("" if self.world is None else f" (world {self.world})")
 
 
 @dataclasses.dataclass
@@ -298,6 +308,8 @@ class Registry:
     """Flat key -> value where `common` differs from the bare base file."""
     runs: list[RunSpec] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    worlds: dict[int, tuple[Any, Path]] = dataclasses.field(default_factory=dict)
+    """A grid over worlds: world seed -> (its WorldConfig, the folder its runs read); empty otherwise."""
 
     @property
     def variant_names(self) -> list[str]:
@@ -328,20 +340,21 @@ def format_axis_value(v: Any) -> str:
     return "null" if v is None else str(v)
 
 
-def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds): at most MAX_SEEDS seeds, each a valid config seed."""
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
+    """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds, --worlds): at most MAX_SEEDS seeds, each a valid config seed."""
     out: list[int] = []
-    for part in filter(None, (p.strip() for p in str(text).split(","))):
+    for part in (p.strip() for p in str(text).split(",")):
         a, dash, b = part.partition("-")
         if not (a.isdigit() and (b.isdigit() or not dash)):
-            raise RegistryError([f"--seeds {text!r}: expected integers like 0,1,2 or a range like 0-4"])
+            what = "an empty item" if not part else repr(part)
+            raise RegistryError([f"{flag} {text!r}: {what}: expected integers like 0,1,2 or a range like 0-4"])
         lo, hi = int(a), int(b or a)
         if not 0 <= lo <= hi < 2**31 or hi - lo >= MAX_SEEDS:
-            raise RegistryError([f"--seeds {text!r}: {part!r}: allowed: seeds in 0..{2**31 - 1}, a range low-high "
+            raise RegistryError([f"{flag} {text!r}: {part!r}: allowed: seeds in 0..{2**31 - 1}, a range low-high "
                                  f"with low <= high, at most {MAX_SEEDS} seeds"])
         out += range(lo, hi + 1)
     if not out or len(out) > MAX_SEEDS:
-        raise RegistryError([f"--seeds {text!r}: allowed: 1 to {MAX_SEEDS} seeds"])
+        raise RegistryError([f"{flag} {text!r}: allowed: 1 to {MAX_SEEDS} seeds"])
     return out
 
 
@@ -376,9 +389,10 @@ def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, pr
     return out
 
 
-def _resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> dict[str, Any]:
-    """The YAML at `ref`, relative to the registry file's folder, else to the repo's ablations/ (so
-    a registry written elsewhere, a test's tmp dir, can still say `base: bases/vanilla.yaml`)."""
+def resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> dict[str, Any]:
+    """The YAML at `ref` (a figure or sweep file's `base:`, a profile's overlay), relative to the file's
+    folder, else to the repo's ablations/ (so a file written elsewhere, a test's tmp dir, can still say
+    `base: bases/vanilla.yaml`); problems name `what`."""
     if not ref:
         return {}
     p = Path(ref).expanduser()
@@ -468,18 +482,22 @@ def load_registry(
     seeds: list[int] | None = None,
     overrides: dict[str, Any] | None = None,
     only: list[str] | None = None,
+    worlds: list[int] | None = None,
     resolve: bool = True,
 ) -> Registry:
     """Read, expand and validate a registry file; raises RegistryError listing every problem.
 
     scale: a profile name (`paper`) or None/'world' for the file's own settings.
     seeds: replaces the file's seeds. overrides: dotted key -> value, applied to every run last.
+    worlds: replaces the file's `worlds` (world seeds; every run on each).
     only: keep just these variant names. resolve=False: the file alone (no base, no train
     config): what figures and reports need; a sweep file then reads as kind "sweep".
     """
     path, src = Path(path), str(path)
     try:
         raw = read_yaml(path, "ablation file")
+        if worlds is not None:
+            raw["worlds"] = worlds
         if "search_space" in raw:
             if resolve:
                 raise RegistryError([f"{src}: this is a sweep (it has search_space); run it with "
@@ -525,10 +543,16 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     if scale != DEFAULT_SCALE and scale not in fs.profiles:
         problems.append(f"{where}--scale {scale}: this file has no profiles.{scale}; available scales: "
                         + ", ".join([DEFAULT_SCALE, *fs.profiles]))
+    if fs.worlds is not None and fs.kind != "train":
+        problems.append(f"{where}worlds: got {fs.worlds}; allowed: only in a train grid (kind: train)")
+    if len(set(fs.worlds or [])) < len(fs.worlds or []):
+        problems.append(f"{where}worlds: got {fs.worlds}; a world seed is listed twice")
+    if fs.world_set and fs.worlds is None:
+        problems.append(f"{where}world_set: given without `worlds`; allowed: world_set with a list of world seeds")
     if fs.kind == "train" and fs.base is None:
         problems.append(f"{where}base: missing; name a train config, e.g. bases/vanilla.yaml")
-    base_data = _resolve_file(fs.base, reg.path, f"{where}base", problems)
-    overlay_data = _resolve_file(profile.overlay, reg.path, f"{where}profiles.{scale}.overlay", problems)
+    base_data = resolve_file(fs.base, reg.path, f"{where}base", problems)
+    overlay_data = resolve_file(profile.overlay, reg.path, f"{where}profiles.{scale}.overlay", problems)
     profile_set = flat_settings(profile.set, leaves, f"{where}profiles.{scale}.set", problems)
     cli_set = flat_settings(merge({}, overrides), leaves, "--set", problems)
     if not seeds_given and profile.seeds:
@@ -559,19 +583,25 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
             problems.extend(f"{where}{label}: {p}" for p in e.problems)
             return None
 
+    if fs.worlds is not None and not problems:
+        reg.worlds = _world_dirs(fs, where, problems)
     base_cfg = resolved([], f"base {fs.base}")
     reg.common = resolved([overlay_data, reg.shared, profile_set, cli_set], "common settings (base + set)")
     if reg.common is None:
         return
     common_flat = flatten(to_dict(reg.common))
     for v in reg.variants:
-        for seed in reg.seeds:
-            layers = [overlay_data, reg.shared, profile_set, v.settings, variant_sets.get(v.name, {}), cli_set]
-            cfg = resolved([*layers, {"seed": seed}], f"variant {v.name!r} seed {seed}")
-            if cfg is not None:
-                flat = flatten(to_dict(cfg))
-                changed = {k: x for k, x in flat.items() if common_flat.get(k, object()) != x and k != "seed"}
-                reg.runs.append(RunSpec(v.name, seed, cfg, hasher(cfg), changed))
+        for world in reg.worlds or [None]:
+            on_world = {} if world is None else {"data.world_dir": str(reg.worlds[world][1])}
+            for seed in reg.seeds:
+                layers = [overlay_data, reg.shared, profile_set, v.settings, variant_sets.get(v.name, {}), cli_set]
+                at = f"variant {v.name!r} seed {seed}" + ("" if world is None else f" world {world}")
+                cfg = resolved([*layers, on_world, {"seed": seed}], at)
+                if cfg is not None:
+                    flat = flatten(to_dict(cfg))
+                    changed = {k: x for k, x in flat.items() if common_flat.get(k, object()) != x
+                               and k not in ("seed", "data.world_dir")}
+                    reg.runs.append(RunSpec(v.name, seed, cfg, hasher(cfg), changed, world))
     if base_cfg is not None:
         base_flat = flatten(to_dict(base_cfg))
         reg.common_changes = {k: x for k, x in common_flat.items() if base_flat.get(k, object()) != x}
@@ -583,6 +613,30 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
         msg = f"variants {other!r} and {r.variant!r} resolve to the same config (they would be one run logged twice)"
         if other != r.variant and msg not in reg.warnings:
             reg.warnings.append(msg)
+
+
+WORLDS_DIR = Path(".harness") / "worlds"
+"""Where a grid over worlds keeps its worlds, one folder per world config hash (relative to the working
+directory, as data.world_dir's default .harness/world)."""
+
+
+def _world_dirs(fs: FigureFile, where: str, problems: list[str]) -> dict[int, tuple[Any, Path]]:
+    """World seed -> (WorldConfig: the default world with `world_set` and that seed, its cache folder)."""
+    from .world.config import WorldConfig, world_config_from_dict, world_config_hash
+
+    leaves = leaf_keys(WorldConfig)
+    over = flat_settings(fs.world_set, leaves, f"{where}world_set", problems)
+    if "seed" in over:
+        problems.append(f"{where}world_set.seed: the worlds' seeds are `worlds`; allowed: other WorldConfig keys")
+    out = {}
+    for w in fs.worlds or []:
+        try:
+            cfg = world_config_from_dict(merge({}, {**over, "seed": w}))
+        except ConfigError as e:
+            problems.extend(f"{where}world_set: {p}" for p in e.problems)
+            return {}
+        out[w] = (cfg, WORLDS_DIR / world_config_hash(cfg))
+    return out
 
 
 def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False) -> list[Path]:

@@ -64,3 +64,34 @@ def fmt_mean_sd(d: dict[str, float]) -> str:
     if d["n"] == 0:
         return "–"
     return fmt(d["mean"]) if d["n"] == 1 else f"{fmt(d['mean'])} ± {fmt(d['sd'], 2)}"
+
+
+def by_step(points) -> list[float]:
+    """A run's values in step order from its logged (step, value) points, in the order they were logged:
+    the last value of a step logged twice (a resumed run) wins."""
+    last: dict[int, float] = {}
+    for step, value in points:
+        last[step] = value
+    return [last[s] for s in sorted(last)]
+
+
+def variant_table(per_run, headers: list[str]):
+    """Per variant (in first-seen order), mean ± sd over its runs of each header column of `per_run`
+    (a pandas DataFrame, one row per run, with a `variant` column): the one end-of-grid table of the
+    runner and the reports. With `status` / `collapsed` columns, also the counts of runs, finished,
+    failed and collapsed."""
+    import pandas as pd
+
+    rows = []
+    for name, g in per_run.groupby("variant", sort=False):
+        r: dict = {"variant": name}
+        if "status" in g:
+            r |= {"runs": len(g), "finished": int((g["status"] == "FINISHED").sum()),
+                  "failed": int((g["status"] != "FINISHED").sum())}
+        if "collapsed" in g:
+            r["collapsed"] = int(g["collapsed"].sum())
+        for h in headers:
+            if h in g:  # no data anywhere (gold on HH-RLHF): no column
+                r[h] = fmt_mean_sd(describe(g[h]))
+        rows.append(r)
+    return pd.DataFrame(rows).set_index("variant") if rows else pd.DataFrame()

@@ -3,9 +3,12 @@
     python -m harness.sweep ablations/sweep_delta_eta.yaml --trials 16 --workers 2
     python -m analysis.sweep_plots sweep_delta_eta      # plots, trials table, best trial
 
-A trial scores the mean over its seeds (score_run); collapsed trials stay COMPLETE, a FAILED run
-fails its trial, the pruner stops weak ones. `--trials` is the study's TOTAL of trials with an
-outcome: rerunning continues the study and makes up trials cut off by Ctrl-C or a dead worker.
+A sweep file becomes tasks here (Optuna's ask/tell on a shared RDB storage: every runner asks the
+next trial, each seed of it is a task); the study layer (harness.study) runs them on any executor
+(`--executor slurm` as for grids). A trial scores the mean over its seeds (score_run); collapsed
+trials stay COMPLETE, a FAILED run fails its trial, the pruner stops weak ones. `--trials` is the
+study's TOTAL of trials with an outcome: rerunning continues the study and makes up trials cut off
+by Ctrl-C, a dead worker or a dead runner; several runners may share one study.
 """
 from __future__ import annotations
 
@@ -15,16 +18,14 @@ import dataclasses
 import functools
 import json
 import math
-import multiprocessing as mp
 import os
 import sys
 import time
-import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
 from statistics import fmean
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, get_args, get_origin
 
 import filelock
 import numpy as np
@@ -35,7 +36,11 @@ from pydantic import Field, model_validator
 
 from harness import config, keys, prog, schema, tracking
 from harness.config import TrainConfig, from_dict, merge
+from harness.registry import resolve_file
 from harness.schema import Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, section
+from harness.study import (
+    Outcome, Progress, Study, StudyBusy, Task, add_executor_args, cluster_params, find_runs,
+)
 
 ATTR_OUTCOME = "outcome"  # trial user attr, set once a trial reached an outcome
 ATTR_SWEEP = "sweep"  # study user attr: the resolved sweep (space, objective, ...) that analysis reads
@@ -308,18 +313,20 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
                                for k, v in raw["search_space"].items()}
     f: SweepFile = schema.validate(SweepFile, raw, str(path))
 
-    try:
-        base = schema.read_yaml(path.resolve().parent / f.base, "base train config") if f.base else {}
-    except ConfigError as e:
-        raise ConfigError([f"{path}: base: {p}" for p in e.problems]) from None
+    problems: list[str] = []
+    base = resolve_file(f.base, path, f"{path}: base", problems)  # as a figure file's base: beside it, or ablations/
+    if problems:
+        raise ConfigError(problems)
     train_over = {k: v for k, v in over.items() if not k.startswith("sweep.")}
-    # precedence: base file < set < steps < --set < --tracking-uri; the experiment is the sweep
-    layers = [f.set, {"ppo.steps": f.steps} if f.steps else {}, train_over, {"logging.experiment": f.name},
-              {"logging.tracking_uri": tracking_uri} if tracking_uri else {}]
-    data = functools.reduce(merge, layers, base)
+    # precedence: base file < set < steps < --set; the experiment is the sweep; the store: tracking.resolve_uri
+    layers = [f.set, {"ppo.steps": f.steps} if f.steps else {}, {"logging.experiment": f.name}]
+    _, in_file = _build_config(functools.reduce(merge, layers, base))
+    if in_file:  # the file's own settings are wrong
+        raise ConfigError([f"{path}: train config: {p}" for p in in_file])
+    data = merge(functools.reduce(merge, layers, base), train_over)
     cfg, problems = _build_config(data)
-    if cfg is None:
-        raise ConfigError([f"{path}: train config: {p}" for p in problems])
+    if cfg is None:  # what the file has is valid: the command line's --set is not
+        raise ConfigError([f"--set: {p}" for p in problems])
 
     types_ = {key: tp for key, tp, *_ in schema.iter_fields(TrainConfig)}
     space: dict[str, Dimension] = {}
@@ -337,7 +344,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
 
     gold = cfg.data.source == "world"
     metric = f.objective.metric if f.objective.metric != "auto" else (keys.GOLD_SCORE if gold else keys.RM_SCORE)
-    known = list(dict.fromkeys(keys.STEP_METRICS + keys.GOLD_METRICS + keys.EVAL_METRICS))
+    known = keys.KNOWN_METRICS
     if metric not in known:
         problems.append(f"objective.metric: got {metric!r}; allowed: auto or a metric key from harness/keys.py"
                         + schema.did_you_mean(metric, known))
@@ -361,77 +368,77 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     return SweepSpec(file=f, path=path, name=f.name, direction=f.direction, base_config=data, space=space,
-                     metric=metric, tracking_uri=cfg.logging.tracking_uri, seeds=seeds, trials=n_trials,
-                     steps=cfg.ppo.steps, plot_pair=pair)
+                     metric=metric, tracking_uri=tracking.resolve_uri(tracking_uri, cfg.logging.tracking_uri),
+                     seeds=seeds, trials=n_trials, steps=cfg.ppo.steps, plot_pair=pair)
 
 
 def default_storage_url(tracking_uri: str) -> str:
-    """optuna.db next to the MLflow sqlite file; sqlite:///optuna.db for other tracking URIs."""
-    beside = Path(tracking_uri.removeprefix("sqlite:///")).parent if tracking_uri.startswith("sqlite:///") else Path()
-    return f"sqlite:///{beside / 'optuna.db'}"
-
-
-def _sqlite_file(url: str) -> Path | None:
-    return Path(url.removeprefix("sqlite:///")).expanduser().resolve() if url.startswith("sqlite:///") else None
+    """optuna.db next to the MLflow sqlite file; sqlite:///optuna.db (here) for other tracking URIs."""
+    db = tracking.sqlite_path(tracking_uri)
+    return f"sqlite:///{(db.parent if db else Path()) / 'optuna.db'}"
 
 
 def _creation_lock(storage_url: str) -> Any:
     """Serializes creating a sqlite store and study (sweeps started at once race in the schema creation)."""
-    db = _sqlite_file(storage_url)
+    db = tracking.sqlite_path(storage_url)
     if db is None:
         return contextlib.nullcontext()
     db.parent.mkdir(parents=True, exist_ok=True)
-    return filelock.FileLock(f"{db}.lock", is_singleton=True)  # reentrant: run_sweep holds it around open_study
+    return filelock.FileLock(f"{db}.lock", is_singleton=True)  # reentrant
 
 
-def _run_lock(storage_url: str, name: str) -> Any:
-    """Held shared by every sweep process of the study: one that gets it exclusively is alone (sqlite)."""
-    db = _sqlite_file(storage_url)
-    return filelock.ReadWriteLock(f"{db}.{name}.run.lock", is_singleton=False) if db else None
-
-
-def _shared(lock: Any) -> Any:
-    return lock.read_lock() if lock else contextlib.nullcontext()
-
-
-def _stale_trial(tracking_uri: str, name: str, study: Any, trial: Any) -> None:
-    """Optuna's heartbeat_stale_trial_callback: a dead worker's MLflow runs end KILLED, its trial is retried."""
-    c = tracking.client(tracking_uri)
-    exp = c.get_experiment_by_name(name)
-    query = f"tags.`{keys.TAG_SWEEP}` = '{name}' and tags.`{keys.TAG_TRIAL}` = '{trial.number}'"
-    tags = {keys.TAG_TRIAL_STATE: "FAIL", keys.TAG_TRIAL_OUTCOME: "interrupted"}
-    for r in c.search_runs([exp.experiment_id], query) if exp else []:
-        tracking.set_tags(tracking_uri, r.info.run_id, tags)
-        if r.info.status == "RUNNING":
-            tracking.end_run(tracking_uri, r.info.run_id, "KILLED")
-    print(f"[sweep {name}] trial {trial.number}: its worker died; MLflow runs KILLED, retried once")
-    optuna.storages.RetryFailedTrialCallback(max_retry=1)(study, trial)
-
-
-def make_storage(url: str, tracking_uri: str, name: str) -> Any:
-    """RDBStorage with heartbeats (a dead worker's trial is failed as stale by _stale_trial). On sqlite every
-    transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins only at the first write, so two
-    workers could both read a queued trial as WAITING and both run it."""
+def make_storage(url: str) -> Any:
+    """RDBStorage. On sqlite every transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins
+    only at the first write, so two runners could both read a queued trial as WAITING and both run it."""
     engine_kwargs = ({"connect_args": {"timeout": 600, "isolation_level": None}}
                      if url.startswith("sqlite") else {"pool_pre_ping": True})
-    on_stale = functools.partial(_stale_trial, tracking_uri, name)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=20, grace_period=120,
-                                         heartbeat_stale_trial_callback=on_stale)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     if url.startswith("sqlite"):
         sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     return storage
 
 
-def make_sampler(spec: SweepSpec, seed_offset: int = 0) -> Any:
-    """The sweep's sampler; `seed_offset` keeps workers and continued runs from repeating draws."""
+class TrialSeeded(optuna.samplers.BaseSampler):
+    """A sampler whose draws for trial n come from `make(seed + n)` (Optuna's user-defined sampler
+    interface). Trial numbers are unique in a storage, so runners started at once on one study never
+    draw the same values (each seeded the same would), and a random design reproduces exactly however
+    many runners and resumes it took."""
+
+    def __init__(self, make: Callable[[int | None], Any], seed: int | None):
+        self.make, self.seed = make, seed
+        self._by_trial: dict[int, Any] = {}
+
+    def _of(self, trial: Any) -> Any:
+        if trial.number not in self._by_trial:
+            self._by_trial[trial.number] = self.make(None if self.seed is None else self.seed + 1009 * trial.number)
+        return self._by_trial[trial.number]
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+        return self._of(trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
+        return self._of(trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Any, trial: Any, param_name: str, param_distribution: Any) -> Any:
+        return self._of(trial).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Any, trial: Any) -> None:
+        self._of(trial).before_trial(study, trial)
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        self._by_trial.pop(trial.number, self.make(None)).after_trial(study, trial, state, values)
+
+
+def make_sampler(spec: SweepSpec) -> Any:
+    """The sweep's sampler: grid as Optuna's GridSampler (which already hands out each point once
+    across runners); tpe and random seeded per trial (TrialSeeded)."""
     s = spec.file.sampler
-    seed = None if s.seed is None else s.seed + seed_offset
     if s.name == "grid":
-        return optuna.samplers.GridSampler({k: d.grid for k, d in spec.space.items()}, seed=seed)
+        return optuna.samplers.GridSampler({k: d.grid for k, d in spec.space.items()}, seed=s.seed)
     if s.name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials, multivariate=s.multivariate,
-                                      constant_liar=True)
+        return TrialSeeded(lambda seed: optuna.samplers.RandomSampler(seed=seed), s.seed)
+    return TrialSeeded(lambda seed: optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=s.n_startup_trials, multivariate=s.multivariate, constant_liar=True), s.seed)
 
 
 def make_pruner(spec: SweepSpec) -> Any:
@@ -446,41 +453,18 @@ def make_pruner(spec: SweepSpec) -> Any:
                                        interval_steps=p.interval_steps)
 
 
-def open_study(spec: SweepSpec, storage_url: str, seed_offset: int = 0) -> tuple[Any, Any]:
-    """(study, its storage): create the study (named after the sweep) or load it to continue."""
+def open_study(spec: SweepSpec, storage_url: str) -> Any:
+    """Create the study (named after the sweep) or load it to continue."""
     quiet = warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning)
-    with _creation_lock(storage_url), quiet:  # heartbeats and multivariate TPE are experimental in Optuna
-        storage = make_storage(storage_url, spec.tracking_uri, spec.name)
-        study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.direction,
-                                    sampler=make_sampler(spec, seed_offset), pruner=make_pruner(spec),
-                                    load_if_exists=True)
+    with _creation_lock(storage_url), quiet:  # multivariate TPE is experimental in Optuna
+        study = optuna.create_study(storage=make_storage(storage_url), study_name=spec.name, direction=spec.direction,
+                                    sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True)
     stored = study.direction.name.lower()
     if stored != spec.direction:
         raise ConfigError([f"{spec.path}: direction: got {spec.direction!r} but study {spec.name!r} in "
                            f"{tracking.redact(storage_url)} was created with {stored!r}; allowed: {stored!r} "
                            "(or a new sweep name)"])
-    return study, storage
-
-
-def fail_orphaned_trials(lock: Any, study: Any, storage: Any) -> list[int]:
-    """With the run lock held exclusively (no other sweep process of the study alive), every RUNNING trial's
-    worker is dead: fail those at once, run the stale-trial callback on each; returns their numbers."""
-    if lock is None:
-        return []
-    try:
-        with lock.write_lock(blocking=False):
-            study_id = storage.get_study_id_from_name(study.study_name)
-            failed = []
-            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                    if storage.set_trial_state_values(trial_id, TrialState.FAIL):
-                        failed.append(storage.get_trial(trial_id))
-    except filelock.Timeout:  # another sweep process is alive: its heartbeat decides
-        return []
-    for t in failed:
-        storage.get_heartbeat_stale_trial_callback()(study, t)
-    return [t.number for t in failed]
+    return study
 
 
 def trial_counts(study: Any) -> dict[str, int]:
@@ -514,203 +498,297 @@ def score_run(history: list[tuple[int, float]], objective: Objective, direction:
     return fmean(upto[-objective.last_steps:]) + worse * objective.collapse_penalty, raw
 
 
-def run_trial(spec: SweepSpec, parent_run_id: str, threads: int | None, worker: int, trial: Any) -> float:
-    """Optuna's objective: every seed trained with the sampled values, scored, recorded everywhere."""
-    from harness.train import train  # lazy: torch is only needed inside a trial
+@dataclasses.dataclass
+class OpenTrial:
+    """A trial asked from the study whose seeds' runs are in flight (this runner's)."""
 
-    obj, uri, t0 = spec.file.objective, spec.tracking_uri, time.time()
-    params = {k: d.suggest(trial, k) for k, d in spec.space.items()}
-    trial.set_user_attr("worker", worker)
-    trial.set_user_attr("pid", os.getpid())  # which process to look for when a trial dies with its worker
-    run_ids: list[str] = []
-    scores: list[float] = []
-    raws: list[float] = []
-    collapse_steps: dict[str, int | None] = {}
-    pruned_at: list[int] = []
+    trial: Any
+    params: dict[str, Any]
+    tasks: dict[int, Task]
+    """seed -> its task."""
+    outcomes: dict[int, Outcome] = dataclasses.field(default_factory=dict)
+    t0: float = dataclasses.field(default_factory=time.time)
+    reported: int = 0
+    """The last step reported to the pruner."""
+    pruned_at: int | None = None
 
-    def on_step(offset: int, values: list[float], step: int, metrics: dict[str, float]) -> bool:
-        """The trainer's callback: report the running objective to the pruner; True stops the run."""
-        value = float(metrics.get(spec.metric, math.nan))
-        if not math.isfinite(value):
-            return False
-        values.append(value)
-        trial.report(fmean(values[-obj.last_steps:]), offset + step)
-        if trial.should_prune():
-            pruned_at.append(step)
-        return bool(pruned_at)
 
-    def trial_config(seed: int) -> TrainConfig:
-        tags = {**((spec.base_config.get("logging") or {}).get("tags") or {}),
-                keys.TAG_SWEEP: spec.name, keys.TAG_TRIAL: str(trial.number), keys.TAG_SEED: str(seed)}
+class TrialSource:
+    """The study layer's tasks of a sweep: each trial asked from Optuna (ask/tell, on the shared
+    storage) becomes one task per seed; finished seeds are scored and told; a pruner sees the
+    running objective, read from the store while the runs train, and stops a weak trial's runs
+    (a STOP file in each run folder: a step or two late)."""
+
+    def __init__(self, spec: SweepSpec, study: Any, target: int, threads: int | None, nproc: int | None,
+                 launcher: str, parent_run_id: str):
+        self.spec, self.study, self.target, self.threads = spec, study, target, threads
+        self.nproc, self.launcher, self.parent_run_id = nproc, launcher, parent_run_id
+        self.open: dict[int, OpenTrial] = {}
+        counts = trial_counts(study)
+        self.total = len(spec.seeds) * max(0, target - counts["counted"] - counts["running"])
+        self.worker_died: list[str] = []
+
+    # -- asking
+    def _wanted(self) -> bool:
+        """The study holds fewer started trials than the target (every runner's trials count)."""
+        return len(self.study.get_trials(deepcopy=False, states=COUNTED)) < self.target
+
+    def take(self, free: int) -> list[Task]:
+        out: list[Task] = []
+        while free > len(out) and self._wanted():
+            trial = self.study.ask()
+            params = {k: d.suggest(trial, k) for k, d in self.spec.space.items()}
+            trial.set_user_attr("runner_pid", os.getpid())
+            tasks = {seed: self._task(trial, params, seed) for seed in self.spec.seeds}
+            self.open[trial.number] = OpenTrial(trial, params, tasks)
+            out += tasks.values()
+        return out
+
+    def _task(self, trial: Any, params: dict[str, Any], seed: int) -> Task:
+        spec, uri = self.spec, self.spec.tracking_uri
+        name = f"{spec.name}-t{trial.number:04d}-s{seed}"
+        tags = {keys.TAG_SWEEP: spec.name, keys.TAG_TRIAL: str(trial.number), keys.TAG_SEED: str(seed)}
         over = {**params, "seed": seed, "logging.tracking_uri": uri, "logging.experiment": spec.name,
-                "logging.run_name": f"{spec.name}-t{trial.number:04d}-s{seed}", "logging.parent_run_id": parent_run_id,
-                "logging.tags": tags, **({"threads": threads} if threads else {})}
-        cfg, problems = _build_config(merge(spec.base_config, over))
-        if cfg is None:
-            raise TrialFailed("config with the sampled values is invalid: " + "; ".join(problems))
-        return cfg
+                "logging.run_name": name, "logging.parent_run_id": self.parent_run_id,
+                "logging.tags": {**((spec.base_config.get("logging") or {}).get("tags") or {}), **tags},
+                **({"threads": self.threads} if self.threads else {})}
+        # values the sampler drew that make no valid config fail the trial in its worker (ConfigError)
+        return Task(name, f"trial {trial.number} · seed {seed} ({', '.join(f'{k}={_fmt(v)}' for k, v in params.items())})",
+                    merge(spec.base_config, over), tags=tags, steps=spec.steps, nproc=self.nproc,
+                    launcher=self.launcher, parent_run_id=self.parent_run_id)
 
-    def finish(state: str, outcome: str, text: str, tags: dict[str, str] | None = None) -> None:
+    def exhausted(self) -> bool:
+        return not self._wanted() and not self.open
+
+    # -- while the runs train
+    def poll(self, running: list[Task]) -> None:
+        """Report each open trial's running objective to the pruner while its runs train."""
+        for ot in list(self.open.values()):
+            self._report(ot)
+
+    def _report(self, ot: OpenTrial) -> None:
+        """Report the steps not reported yet: at each step every seed has logged, the mean over the
+        seeds of the last `last_steps` values of the objective; once the pruner says prune, STOP
+        files end the trial's runs at their next step (FINISHED, tag harness.stopped_by=callback)."""
+        if ot.pruned_at is not None or isinstance(self.study.pruner, optuna.pruners.NopPruner):
+            return
+        obj, uri = self.spec.file.objective, self.spec.tracking_uri
+        series = []
+        for task in ot.tasks.values():
+            run = _run_of(uri, self.spec.name, task)
+            series.append(dict(tracking.metric_history(uri, run.info.run_id, self.spec.metric)) if run else {})
+        for step in sorted(set.intersection(*(set(x) for x in series))):
+            value = fmean(_running(x, step, obj.last_steps) for x in series)
+            if step <= ot.reported or not math.isfinite(value):
+                continue
+            ot.trial.report(value, step)
+            ot.reported = step
+            if ot.trial.should_prune():
+                ot.pruned_at = step
+                for task in ot.tasks.values():
+                    run_dir = Path(task.cfg["logging"]["output_dir"]) / task.cfg["logging"]["run_name"]
+                    if run_dir.is_dir():
+                        (run_dir / keys.STOP_FILE).touch()
+                return
+
+    # -- telling
+    def done(self, task: Task, outcome: Outcome) -> None:
+        n = int(task.tags[keys.TAG_TRIAL])
+        ot = self.open[n]
+        seed = int(task.tags[keys.TAG_SEED])
+        ot.outcomes[seed] = outcome
+        if len(ot.outcomes) < len(ot.tasks):
+            return
+        del self.open[n]
+        self._tell(ot)
+
+    def _tell(self, ot: OpenTrial) -> None:
+        spec, obj, uri, trial = self.spec, self.spec.file.objective, self.spec.tracking_uri, ot.trial
+        for seed, o in ot.outcomes.items():  # a worker that died left no run id in its outcome: the store has it
+            if o.run_id is None and (run := _run_of(uri, spec.name, ot.tasks[seed])) is not None:
+                o.run_id = run.info.run_id
+        if all(o.ok for o in ot.outcomes.values()):
+            self._report(ot)  # the steps logged since the last poll (short runs end between two polls)
+        run_ids = [o.run_id for _, o in sorted(ot.outcomes.items()) if o.run_id]
         for rid in run_ids:
-            tracking.set_tags(uri, rid, {keys.TAG_TRIAL_STATE: state, keys.TAG_TRIAL_OUTCOME: outcome, **(tags or {})})
+            tracking.log_params(uri, rid, {f"trial.{k}": v for k, v in ot.params.items()})
         trial.set_user_attr("mlflow_run_ids", run_ids)
-        trial.set_user_attr(ATTR_OUTCOME, outcome)
-        trial.set_user_attr("duration_s", round(time.time() - t0, 2))
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in params.items())
-        print(f"[sweep {spec.name}] trial {trial.number} (worker {worker}) {shown}: {text} "
-              f"[{time.time() - t0:.1f}s]", flush=True)
+        trial.set_user_attr("duration_s", round(time.time() - ot.t0, 2))
+        died = [o for o in ot.outcomes.values() if o.worker_died]
+        failed = [(s, o) for s, o in sorted(ot.outcomes.items()) if not o.ok and not o.worker_died]
+        if died or (not failed and any(o.status == "KILLED" for o in ot.outcomes.values())):
+            # interrupted: it does not count, and is made up with the same values
+            self.worker_died += [o.why for o in died]
+            self._finish(ot, TrialState.FAIL, "interrupted", "interrupted: " + (died[0].why if died else "runs KILLED"),
+                         run_status="KILLED")
+            self.study.enqueue_trial(ot.params, user_attrs={"retry_of": trial.number})
+            return
+        if failed:
+            reason = f"seed {failed[0][0]}: {failed[0][1].why}"
+            trial.set_user_attr("failure_reason", reason[:2000])
+            trial.set_user_attr("failed_seed", failed[0][0])
+            self._finish(ot, TrialState.FAIL, "failed", f"FAILED: {reason[:200]}", tags={keys.TAG_FAILURE: reason[:500]})
+            return
+        if ot.pruned_at is not None:
+            trial.set_user_attr("pruned_at_step", ot.pruned_at)
+            self._finish(ot, TrialState.PRUNED, "pruned", f"pruned at step {ot.pruned_at}")
+            return
+        scores, raws, collapse_steps = [], [], {}
+        try:
+            for seed, o in sorted(ot.outcomes.items()):
+                collapse_step = (o.collapse_step or o.steps_done) if o.collapsed else None
+                score, raw = score_run(tracking.metric_history(uri, o.run_id, spec.metric), obj, spec.direction,
+                                       collapse_step)
+                if collapse_step is not None and obj.collapsed == "worst":
+                    done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    score = (min if spec.direction == "maximize" else max)([t.value for t in done] + [score])
+                collapse_steps[str(seed)] = collapse_step
+                scores.append(score)
+                raws.append(raw)
+                tracking.MetricLogger(uri, o.run_id).log({keys.SWEEP_OBJECTIVE: score}, step=o.steps_done)
+        except TrialFailed as e:
+            trial.set_user_attr("failure_reason", str(e)[:2000])
+            self._finish(ot, TrialState.FAIL, "failed", f"FAILED: {e}", tags={keys.TAG_FAILURE: str(e)[:500]})
+            return
+        value = fmean(scores)
+        collapsed = [int(s) for s, c in collapse_steps.items() if c is not None]
+        for k, v in {"seed_scores": scores, "seed_raw_scores": raws, "collapsed": bool(collapsed),
+                     "collapsed_seeds": collapsed, "collapse_steps": collapse_steps}.items():
+            trial.set_user_attr(k, v)
+        self._finish(ot, TrialState.COMPLETE, "collapsed" if collapsed else "complete", f"{spec.metric}={_fmt(value)}"
+                     + (f" (collapsed seeds {collapsed}, raw {_fmt(fmean(raws))})" if collapsed else ""), value=value)
 
-    try:
-        for i, seed in enumerate(spec.seeds):
-            result = train(trial_config(seed), on_step=functools.partial(on_step, i * spec.steps, []))
-            if result.run_id:
-                run_ids.append(result.run_id)
-                tracking.log_params(uri, result.run_id, {f"trial.{k}": v for k, v in params.items()})
-            if result.status == "FAILED":
-                trial.set_user_attr("failed_seed", seed)
-                raise TrialFailed(result.error or "training run ended FAILED")
-            if pruned_at:
-                break
-            collapse_step = (result.collapse_step or result.steps_done) if result.collapsed else None
-            history = tracking.metric_history(uri, result.run_id, spec.metric)
-            score, raw = score_run(history, obj, spec.direction, collapse_step)
-            if collapse_step is not None and obj.collapsed == "worst":
-                done = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                score = (min if spec.direction == "maximize" else max)([t.value for t in done] + [score])
-            collapse_steps[str(seed)] = collapse_step
-            scores.append(score)
-            raws.append(raw)
-            tracking.MetricLogger(uri, result.run_id).log({keys.SWEEP_OBJECTIVE: score}, step=result.steps_done)
-    except TrialFailed as e:
-        trial.set_user_attr("failure_reason", str(e)[:2000])
-        finish("FAIL", "failed", f"FAILED: {str(e)[:200]}", {keys.TAG_FAILURE: str(e)[:500]})
-        raise
-    except Exception as e:  # a bug or an infrastructure error: recorded; Optuna fails the trial, the study goes on
-        trial.set_user_attr("failure_reason", f"{type(e).__name__}: {e}"[:2000])
-        finish("FAIL", "error", f"ERROR {type(e).__name__}: {str(e)[:200]}\n{traceback.format_exc()}")
-        raise
-    if pruned_at:
-        trial.set_user_attr("pruned_at_step", pruned_at[0])
-        trial.set_user_attr("pruned_seed", seed)
-        finish("PRUNED", "pruned", f"pruned at step {pruned_at[0]} of seed {seed}")
-        raise optuna.TrialPruned()
-    value = fmean(scores)
-    collapsed = [int(s) for s, c in collapse_steps.items() if c is not None]
-    for k, v in {"seed_scores": scores, "seed_raw_scores": raws, "collapsed": bool(collapsed),
-                 "collapsed_seeds": collapsed, "collapse_steps": collapse_steps}.items():
-        trial.set_user_attr(k, v)
-    finish("COMPLETE", "collapsed" if collapsed else "complete", f"{spec.metric}={_fmt(value)}"
-           + (f" (collapsed seeds {collapsed}, raw {_fmt(fmean(raws))})" if collapsed else ""))
-    return value
+    def _finish(self, ot: OpenTrial, state: TrialState, outcome: str, text: str, *, value: float | None = None,
+                tags: dict[str, str] | None = None, run_status: str | None = None) -> None:
+        """Tag the trial's runs, tell Optuna, log the parent's sweep/ metrics at the trial's own step."""
+        uri, trial = self.spec.tracking_uri, ot.trial
+        for o in ot.outcomes.values():
+            if o.run_id:
+                tracking.set_tags(uri, o.run_id, {keys.TAG_TRIAL_STATE: state.name, keys.TAG_TRIAL_OUTCOME: outcome,
+                                                  **(tags or {})})
+                if run_status and tracking.client(uri).get_run(o.run_id).info.status == "RUNNING":
+                    tracking.end_run(uri, o.run_id, run_status)
+        if outcome != "interrupted":
+            trial.set_user_attr(ATTR_OUTCOME, outcome)
+        self.study.tell(trial, value, state=None if state == TrialState.COMPLETE else state)
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in ot.params.items())
+        print(f"[sweep {self.spec.name}] trial {trial.number} {shown}: {text} [{time.time() - ot.t0:.1f}s]", flush=True)
+        counts = trial_counts(self.study)
+        metrics = {f"sweep/n_{k}": v for k, v in counts.items()}
+        best = next(iter(self.study.best_trials), None) if counts["counted"] else None
+        if best is not None:
+            metrics[keys.SWEEP_OBJECTIVE] = best.value
+        tracking.MetricLogger(uri, self.parent_run_id).log(metrics, step=trial.number)
 
-
-def _worker(spec: SweepSpec, storage_url: str, parent_run_id: str, target: int, worker: int, seed_offset: int,
-            threads: int | None) -> None:
-    """One worker process (or the sweep process itself): Optuna's own loop on the shared storage until the
-    study holds `target` started trials of every process (queued ones run first, by whichever worker)."""
-    if threads:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-    # run_trial prints every outcome (with a real error's traceback): Optuna's warnings would repeat it
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with _shared(_run_lock(storage_url, spec.name)):
-        study, _ = open_study(spec, storage_url, seed_offset + worker)
-        study.optimize(functools.partial(run_trial, spec, parent_run_id, threads, worker), catch=(Exception,),
-                       callbacks=[optuna.study.MaxTrialsCallback(target, states=COUNTED)])
-
-
-def _parent_run(spec: SweepSpec, study: Any, storage_url: str) -> str:
-    """The study's MLflow parent run in this tracking store (reopened when continuing)."""
-    uri, f = spec.tracking_uri, spec.file
-    runs, store = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {}), tracking.redact(uri)
-    if runs.get(store):
-        with contextlib.suppress(Exception):  # deleted meanwhile: start a new one
-            tracking.reopen_run(uri, runs[store])
-            return runs[store]
-    run_id = tracking.start_run(uri, spec.name, run_name=f"sweep {spec.name}", tags={
-        keys.TAG_ROLE: "parent", keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,
-        "harness.optuna_storage": tracking.redact(storage_url), keys.TAG_COMMIT: tracking.git_commit(),
-        "harness.sweep_file": str(spec.path)})
-    tracking.log_params(uri, run_id, {
-        "sweep.direction": f.direction, "sweep.objective": spec.metric,
-        **{f"sweep.objective.{k}": v for k, v in dataclasses.asdict(f.objective).items() if k != "metric"},
-        "sweep.search_space": spec.to_attr()["search_space"], "sweep.sampler": dataclasses.asdict(f.sampler),
-        "sweep.pruner": dataclasses.asdict(f.pruner), "sweep.seeds": spec.seeds, "sweep.steps": spec.steps})
-    tracking.log_text_artifact(uri, run_id, spec.path.read_text(), "sweep.yaml")
-    study.set_user_attr(ATTR_PARENT_RUNS, {**runs, store: run_id})
-    return run_id
+    def interrupt(self) -> None:
+        """The runner stops (Ctrl-C): its open trials are told interrupted and made up next time."""
+        for ot in list(self.open.values()):
+            self._finish(ot, TrialState.FAIL, "interrupted", "interrupted", run_status="KILLED")
+            self.study.enqueue_trial(ot.params, user_attrs={"retry_of": ot.trial.number})
+        self.open.clear()
 
 
-def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = None,
-              threads: int | None = None) -> dict[str, Any]:
-    """Run the study up to spec.trials total trials; returns counts, best trial, parent run, worker errors.
-    Torch threads per trial: `threads`, else the config's `threads`, else the CPUs split between workers."""
+def _running(series: dict[int, float], step: int, last: int) -> float:
+    values = [v for t, v in sorted(series.items()) if t <= step and math.isfinite(v)]
+    return fmean(values[-last:]) if values else math.nan
+
+
+def _run_of(uri: str, experiment: str, task: Task) -> Any:
+    runs = find_runs(uri, experiment, task.tags)
+    return runs[-1] if runs else None
+
+
+def fail_orphans(st: Study, study: Any) -> list[int]:
+    """With no other runner of the study alive (st.alone), every RUNNING trial's runner is dead: tell
+    them failed (interrupted: made up with the same values), end their MLflow runs KILLED."""
+    if not st.alone:
+        return []
+    lost = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
+            study.tell(t.number, state=TrialState.FAIL)
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            lost.append(t.number)
+    for r in st.runs(f"tags.`{keys.TAG_SWEEP}` = '{st.experiment}'"):
+        if r.data.tags.get(keys.TAG_TRIAL) in {str(n) for n in lost}:
+            tracking.set_tags(st.uri, r.info.run_id, {keys.TAG_TRIAL_STATE: "FAIL", keys.TAG_TRIAL_OUTCOME: "interrupted"})
+    st.mark_dead(f"tags.`{keys.TAG_SWEEP}` = '{st.experiment}'")
+    return lost
+
+
+def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = None, threads: int | None = None,
+              executor: str = "local", nproc: int | None = None, launcher: str = "torchrun",
+              cluster: dict[str, Any] | None = None, runs_dir: str | Path = "runs") -> dict[str, Any]:
+    """Run the study up to spec.trials total trials on the study layer; returns counts, best trial,
+    parent run, the errors of workers that died. Torch threads per trial: `threads`, else the config's
+    `threads`, else the CPUs split between workers."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = spec.tracking_uri
     storage_url = storage_url or default_storage_url(uri)
-    with _creation_lock(storage_url):  # one parent run even when two sweeps start at once
-        study, storage = open_study(spec, storage_url)
-        stored = study.user_attrs.get(ATTR_SWEEP)
-        if stored is None and not study.get_trials(deepcopy=False):
-            for point in spec.file.first_trials:
-                study.enqueue_trial(point, skip_if_exists=True)
-        elif stored and stored["search_space"] != json.loads(json.dumps(spec.to_attr()["search_space"])):
-            print(f"[sweep {spec.name}] warning: the search space differs from the one this study was started "
-                  "with; continuing the same study")
-        study.set_user_attr(ATTR_SWEEP, spec.to_attr())
-        parent_run_id = _parent_run(spec, study, storage_url)
-    lock = _run_lock(storage_url, spec.name)
-    fail_orphaned_trials(lock, study, storage)
-    counts = trial_counts(study)
-    target = spec.trials + counts["interrupted"]  # interrupted trials are made up
-    remaining = spec.trials - counts["counted"] - counts["running"]  # queued trials are run by these workers
-    n_workers = max(0, min(workers, remaining))
-    print(f"[sweep {spec.name}] study in {tracking.redact(storage_url)}: {counts['counted']} finished, "
-          f"{counts['running']} running, {counts['interrupted']} interrupted; target {spec.trials} total -> running "
-          f"{max(0, remaining)} now with {n_workers} worker(s)", flush=True)
-    cpus = max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None
-    threads = threads or spec.base_config.get("threads") or cpus
-    args = (spec, storage_url, parent_run_id, target)
-    seed_offset = 1009 * len(study.get_trials(deepcopy=False))
-    status, errors = "FINISHED", []
-    try:
-        with _shared(lock):
-            if n_workers == 1:
-                _worker(*args, 0, seed_offset, threads)
-            elif n_workers > 1:
-                ctx = mp.get_context("spawn")
-                procs = [ctx.Process(target=_worker, args=(*args, w, seed_offset, threads), name=f"sweep-worker-{w}")
-                         for w in range(n_workers)]
-                for p in procs:
-                    p.start()
-                for p in procs:
-                    p.join()
-                errors = [f"{p.name} exited with code {p.exitcode}" for p in procs if p.exitcode]
-        if errors:  # our workers are gone; a dead one left its trial RUNNING
-            status = "FAILED"
-            lost = fail_orphaned_trials(lock, study, storage)
-            reason = "; ".join(errors) + (f"; interrupted trial(s) {lost}" if lost else "")
-            reason += "; rerun the same command to make them up"
-            tracking.set_tags(uri, parent_run_id, {keys.TAG_FAILURE: reason})
-            print(f"[sweep {spec.name}] warning: {reason}", file=sys.stderr)
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except BaseException as e:
-        status = "FAILED"
-        tracking.set_tags(uri, parent_run_id, {keys.TAG_FAILURE: f"{type(e).__name__}: {e}"[:500]})
-        raise
-    finally:
+    study = open_study(spec, storage_url)
+    status, interrupted = "FINISHED", False
+    with Study(uri, spec.name, ("sweep", spec.name, tracking.redact(storage_url)), runs_dir=runs_dir,
+               exclusive=False, what="python -m harness.sweep", noun="sweep") as st:
+        with st.creation_lock():  # one parent run and one set of first trials when two sweeps start at once
+            stored = study.user_attrs.get(ATTR_SWEEP)
+            if stored is None and not study.get_trials(deepcopy=False):
+                for point in spec.file.first_trials:
+                    study.enqueue_trial(point, skip_if_exists=True)
+            elif stored and stored["search_space"] != json.loads(json.dumps(spec.to_attr()["search_space"])):
+                print(f"[sweep {spec.name}] warning: the search space differs from the one this study was started "
+                      "with; continuing the same study")
+            study.set_user_attr(ATTR_SWEEP, spec.to_attr())
+        parent_run_id = st.parent(create=True, run_name=f"sweep {spec.name}", tags={
+            keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,
+            "harness.optuna_storage": tracking.redact(storage_url), "harness.sweep_file": str(spec.path)}, params={
+            "sweep.direction": spec.direction, "sweep.objective": spec.metric,
+            **{f"sweep.objective.{k}": v for k, v in dataclasses.asdict(spec.file.objective).items() if k != "metric"},
+            "sweep.search_space": spec.to_attr()["search_space"], "sweep.sampler": dataclasses.asdict(spec.file.sampler),
+            "sweep.pruner": dataclasses.asdict(spec.file.pruner), "sweep.seeds": spec.seeds, "sweep.steps": spec.steps})
+        with st.creation_lock():
+            runs = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {})
+            if runs.get(tracking.redact(uri)) != parent_run_id:
+                tracking.log_text_artifact(uri, parent_run_id, spec.path.read_text(), "sweep.yaml")
+                study.set_user_attr(ATTR_PARENT_RUNS, {**runs, tracking.redact(uri): parent_run_id})
+        lost = fail_orphans(st, study)
         counts = trial_counts(study)
-        best = next(iter(study.best_trials), None)  # the best COMPLETE trial, if any
-        metrics = {f"sweep/n_{k}": v for k, v in counts.items()}
+        target = spec.trials + counts["interrupted"]  # interrupted trials are made up
+        remaining = max(0, spec.trials - counts["counted"] - counts["running"])  # queued ones are run here
+        n_workers = max(0, min(workers, remaining * len(spec.seeds))) if workers else 0
+        print(f"[sweep {spec.name}] study in {tracking.redact(storage_url)}: {counts['counted']} finished, "
+              f"{counts['running']} running elsewhere, {counts['interrupted']} interrupted"
+              + (f" (trials {lost} of a runner that died: made up)" if lost else "")
+              + f"; target {spec.trials} total -> running {remaining} now with {max(1, n_workers) if remaining else 0}"
+              " worker(s)", flush=True)
+        cpus = max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None
+        threads = threads or spec.base_config.get("threads") or cpus
+        source = TrialSource(spec, study, target, threads, nproc, launcher, parent_run_id)
+        progress = Progress(spec.name, source.total, 0, bars=False)
+        try:
+            outcomes, interrupted = st.execute(source, executor=executor, workers=n_workers if remaining else 0,
+                                               progress=progress, cluster=cluster)
+        finally:
+            if source.open:  # Ctrl-C, or a runner-side error: made up next time
+                source.interrupt()
+                interrupted = True
+        if interrupted:
+            status = "KILLED"
+        elif source.worker_died:
+            status = "FAILED"
+            reason = "; ".join(dict.fromkeys(source.worker_died)) + "; rerun the same command to make them up"
+            tracking.set_tags(uri, parent_run_id, {keys.TAG_FAILURE: reason[:4000]})
+            print(f"[sweep {spec.name}] warning: {reason}", file=sys.stderr)
+        counts = trial_counts(study)
+        best = next(iter(study.best_trials), None) if any(
+            t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) else None
         if best:
-            metrics[keys.SWEEP_OBJECTIVE] = best.value
             tracking.set_tags(uri, parent_run_id, {"harness.best_trial": str(best.number),
                                                    "harness.best_params": json.dumps(best.params)[:5000]})
-        tracking.MetricLogger(uri, parent_run_id).log(metrics, step=len(study.get_trials(deepcopy=False)))
+        if status == "FINISHED":
+            tracking.delete_tags(uri, parent_run_id, [keys.TAG_FAILURE])
         tracking.end_run(uri, parent_run_id, status=status)
-    return {"counts": counts, "best": best, "parent_run_id": parent_run_id, "worker_errors": errors,
-            "storage_url": storage_url}
+    return {"counts": counts, "best": best, "parent_run_id": parent_run_id, "worker_errors": source.worker_died,
+            "storage_url": storage_url, "interrupted": interrupted}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -720,15 +798,20 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="sweep YAML, e.g. ablations/sweep_delta_eta.yaml")
     p.add_argument("--trials", type=int, help="TOTAL trials the study should hold (overrides `trials:`)")
-    p.add_argument("--workers", type=int, default=1, help="worker processes sharing the storage")
+    p.add_argument("--workers", type=int, default=1, help="runs at a time, each in its own process or job "
+                   "(0: in this process, for pdb; default 1); several runners may share one study")
     p.add_argument("--storage", help="Optuna RDB URL (default: optuna.db next to MLflow's sqlite file)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the train config's)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the train "
+                   "config's, else sqlite:///mlflow.db)")
     p.add_argument("--threads", type=int, help="torch threads per trial (default: `threads`, else CPUs / workers)")
+    p.add_argument("--runs-dir", default="runs", metavar="DIR", help="the runner's own files (submitit jobs, the lock "
+                   "of a store that is no sqlite file) under DIR/NAME/ (default: runs)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="train-config override for every trial (ppo.steps=50), or sweep.<field>=v for the sweep "
                    "file (sweep.seeds=2, sweep.pruner.name=none); repeatable")
     p.add_argument("--dry-run", action="store_true", help="validate the sweep file and print the search space; "
                    "nothing is created")
+    add_executor_args(p)
     return p
 
 
@@ -736,8 +819,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         for flag, v in (("--workers", args.workers), ("--threads", args.threads), ("--trials", args.trials)):
-            if v is not None and v < 1:
-                raise ConfigError([f"{flag}: got {v}; allowed: an integer >= 1"])
+            if v is not None and v < (0 if flag == "--workers" else 1):
+                raise ConfigError([f"{flag}: got {v}; allowed: an integer >= {0 if flag == '--workers' else 1}"])
         trials = [] if args.trials is None else [f"sweep.trials={args.trials}"]
         spec = load_sweep(args.file, args.overrides + trials, args.tracking_uri)
         if args.dry_run:
@@ -746,10 +829,15 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in spec.to_attr()["search_space"].items():
                 print(f"  {k}: {json.dumps(v)}")
             return 0
-        result = run_sweep(spec, workers=args.workers, storage_url=args.storage, threads=args.threads)
+        result = run_sweep(spec, workers=args.workers, storage_url=args.storage, threads=args.threads,
+                           executor=args.executor, nproc=args.nproc, launcher=args.launcher,
+                           cluster=cluster_params(args, f"sweep-{spec.name}"), runs_dir=args.runs_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except StudyBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("\ninterrupted; rerun the same command to continue the study", file=sys.stderr)
         return 130
@@ -765,6 +853,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"MLflow parent run {result['parent_run_id']} in {tracking.redact(spec.tracking_uri)}")
     print(f"plots and tables: python -m analysis.sweep_plots {spec.name} "  # a masked secret is given again
           f"--tracking-uri {tracking.redact(spec.tracking_uri)} --storage {tracking.redact(result['storage_url'])}")
+    if result["interrupted"]:
+        return 130
     # Failed, pruned and collapsed trials are results (exit 0); a dead worker process is not.
     return 1 if result["worker_errors"] else 0
 

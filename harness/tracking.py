@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import mlflow
+import sqlalchemy
 from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -24,6 +25,8 @@ from harness import provenance
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+"""MLflow 3's own default store, when neither a flag, MLFLOW_TRACKING_URI nor a config names one."""
 _READY: set[str] = set()
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")
 
@@ -35,11 +38,30 @@ def redact(text: str) -> str:
     return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 
+def resolve_uri(flag: str | None = None, configured: str | None = None) -> str:
+    """The MLflow store, as MLflow's own tools find it, for every writer and reader of the harness:
+    `--tracking-uri`, else $MLFLOW_TRACKING_URI, else the config's logging.tracking_uri, else
+    sqlite:///mlflow.db."""
+    return flag or os.environ.get("MLFLOW_TRACKING_URI") or configured or DEFAULT_TRACKING_URI
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite URL (sqlite:///relative.db, sqlite:////abs.db, sqlite+driver://...),
+    parsed as SQLAlchemy (MLflow's and Optuna's SQL layer) parses it; None for any other store."""
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+    except Exception:  # noqa: BLE001 - not a database URL at all (http://..., a folder)
+        return None
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database).expanduser()
+
+
 def client(tracking_uri: str) -> MlflowClient:
     """A client of the store. A sqlite store is created/migrated under a file lock, once per process:
     two processes opening a brand-new sqlite store at once race in MLflow's migration; one dies."""
-    if tracking_uri.startswith("sqlite:///") and tracking_uri not in _READY:
-        db = Path(tracking_uri[len("sqlite:///"):])
+    db = sqlite_path(tracking_uri)
+    if db is not None and tracking_uri not in _READY:
         db.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(db) + ".lock"):
             MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
@@ -61,8 +83,8 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
         return exp.experiment_id
-    sqlite = tracking_uri.startswith("sqlite:///")  # keep its artifacts beside the db file, not in the cwd
-    root = (Path(tracking_uri[len("sqlite:///"):]).resolve().parent / "mlartifacts" / name).as_uri() if sqlite else None
+    db = sqlite_path(tracking_uri)  # keep its artifacts beside the db file, not in the cwd
+    root = (db.resolve().parent / "mlartifacts" / name).as_uri() if db is not None else None
     try:
         return c.create_experiment(name, artifact_location=root)
     except Exception:
@@ -100,6 +122,22 @@ def reopen_run(tracking_uri: str, run_id: str) -> None:
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
+
+
+def delete_tags(tracking_uri: str, run_id: str, keys: Iterable[str]) -> None:
+    """Remove these tags where the run has them (a rerun's parent loses an earlier attempt's failure)."""
+    c = client(tracking_uri)
+    have = c.get_run(run_id).data.tags
+    for k in keys:
+        if k in have:
+            c.delete_tag(run_id, k)
+
+
+def next_step(tracking_uri: str, run_id: str, key: str) -> int:
+    """The step after the last one logged for `key` (0 for none): once-per-invocation metrics of a
+    parent run never land twice on one step."""
+    steps = [m.step for m in client(tracking_uri).get_metric_history(run_id, key)]
+    return max(steps) + 1 if steps else 0
 
 
 def log_params(tracking_uri: str, run_id: str, params: dict[str, Any]) -> None:

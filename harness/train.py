@@ -3,16 +3,18 @@ config checks to the MLflow run's end (FAILED with the reason when anything goes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
+from filelock import FileLock, Timeout
 
 from . import keys, parallel, prog, provenance, tracking
 from .algorithms.estimators import NEEDS_CRITIC
@@ -43,6 +45,8 @@ def default_run_name(cfg: TrainConfig) -> str:
 # ------------------------------------------------------------------ run files and checkpoints
 CHECKPOINTS = ("state.pt", "state.prev.pt")  # the latest and the one before it
 BEST_POLICY = "best_policy.pt"  # the run dir's policy weights at its best eval before collapse
+RUN_LOCK = "run.lock"  # held by the process that trains the run (rank 0)
+RUN_LOCK_WAIT_S = 120.0  # a worker whose runner died ends its run within seconds; wait that long for it
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> None:
@@ -161,6 +165,7 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
     if run_info is not None and run_info.get("run_id") and tracking.run_exists(uri, run_info["run_id"]):
         run_id = run_info["run_id"]
         tracking.reopen_run(uri, run_id)
+        tracking.set_tags(uri, run_id, {keys.TAG_PID: str(os.getpid())})
         logged = tracking.last_logged_steps(uri, run_id)
     else:
         state, logged = None, {}
@@ -168,7 +173,7 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
             keys.TAG_SEED: str(cfg.seed), keys.TAG_COMMIT: tracking.git_commit(), keys.TAG_CONFIG_HASH: chash,
             keys.TAG_POLICY_LOSS: cfg.ppo.policy_loss, keys.TAG_ROLE: "train",
             keys.TAG_ADV_ESTIMATOR: cfg.ppo.adv_estimator,
-            keys.TAG_CRITIC_FREE: str(cfg.ppo.adv_estimator not in NEEDS_CRITIC).lower(),
+            keys.TAG_CRITIC_FREE: str(cfg.ppo.adv_estimator not in NEEDS_CRITIC).lower(), keys.TAG_PID: str(os.getpid()),
             **provenance.record(cfg.data.world_dir if cfg.data.source == "world" else None), **log.tags,
         }
         run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)
@@ -201,6 +206,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
 
     Every rank of a launched job calls this: rank 0 opens the MLflow run and writes the run files,
     the other ranks train alongside it with a `NullRunLog`."""
+    # the store every writer and reader finds: --tracking-uri (set into the config by a runner), else
+    # $MLFLOW_TRACKING_URI, else logging.tracking_uri, else sqlite:///mlflow.db
+    cfg = replace(cfg, logging=replace(cfg.logging, tracking_uri=tracking.resolve_uri(None, cfg.logging.tracking_uri)))
     # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
     # joins the process group when started by torchrun / deepspeed
     env = parallel.setup(cfg)
@@ -210,6 +218,31 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
     if problems:
         raise ConfigError(problems)
     run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
+    with _run_folder_lock(run_dir, env):
+        return _train(cfg, env, run_dir, resume, on_step)
+
+
+@contextlib.contextmanager
+def _run_folder_lock(run_dir: Path, env: parallel.DistEnv):
+    """Rank 0 holds the run folder's lock while it trains: two processes never train one run (a
+    worker whose runner died, still finishing, and the rerun that resumes its run)."""
+    if not env.is_main:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(run_dir / RUN_LOCK)
+    try:
+        lock.acquire(timeout=RUN_LOCK_WAIT_S)
+    except Timeout:
+        raise ConfigError([f"logging.run_name: {run_dir} is being trained by another process (lock {lock.lock_file} "
+                           f"held for {RUN_LOCK_WAIT_S:.0f} s); wait for it to end, or give this run another name"]) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, env: parallel.DistEnv, run_dir: Path, resume: bool, on_step: OnStep | None) -> RunResult:
     run, state = _open_run(cfg, run_dir, resume) if env.is_main else (NullRunLog(), None)
     shared = env.broadcast_object({"run_id": run.run_id, "resumed": state is not None})
     if shared["resumed"] and not env.is_main:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from harness import ablate, sweep
-from harness.main import build_world_if_missing
 from harness.registry import load_registry, registry_files
 from harness.schema import ConfigError
+from harness.study import fmt_duration
 
 STORE = "reference-runs"
 
@@ -60,17 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference rerun: {len(files)} files into {uri}", flush=True)
     failed = []
     for i, f in enumerate(files, 1):
-        print(f"\n[{i}/{len(files)}] {f.stem} ({ablate.fmt_duration(time.time() - t0)} elapsed)", flush=True)
+        print(f"\n[{i}/{len(files)}] {f.stem} ({fmt_duration(time.time() - t0)} elapsed)", flush=True)
         common = ["--workers", str(a.workers), "--tracking-uri", uri]
         if f in sweeps:
             rc = sweep.main([str(f), *common, "--storage", f"sqlite:///{store / 'optuna.db'}"])
         else:  # the world it reads, built when missing and logged to the same store (Fig. 2 / 3 read it)
             with contextlib.suppress(ConfigError):  # an invalid file: ablate.main says what is wrong
-                build_world_if_missing(load_registry(f), uri)
+                ablate.ensure_worlds(load_registry(f), uri, a.workers, missing_default=True)
             rc = ablate.main([str(f), *common, "--runs-dir", str(store / "runs"), "--no-progress"])
         if rc:
             failed.append(f"{f.stem} (exit {rc})")
-    print(f"\nruns done in {ablate.fmt_duration(time.time() - t0)}"
+    print(f"\nruns done in {fmt_duration(time.time() - t0)}"
           + (f"; FAILED: {', '.join(failed)} (rerun the same command to retry them)" if failed else ""), flush=True)
     if a.no_build or a.only or failed:
         if a.only and not failed:

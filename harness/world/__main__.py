@@ -11,7 +11,6 @@ from harness import prog
 from harness.config import ConfigError
 
 DEFAULT_OUT = ".harness/world"
-DEFAULT_URI = "sqlite:///mlflow.db"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. --set prefs.label_noise=0.3 (repeatable)")
     b.add_argument("--tiny", action="store_true", help="start from the tiny test scale (seconds to build)")
-    b.add_argument("--tracking-uri", default=DEFAULT_URI,
-                   help=f"MLflow tracking URI (default {DEFAULT_URI}; 'none' = no logging)")
+    b.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                   "sqlite:///mlflow.db; 'none' = no logging)")
     b.add_argument("--experiment", default="world", help="MLflow experiment (default world)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cached world matches")
     b.add_argument("--quiet", action="store_true", help="no progress output")
@@ -60,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "build":
             cfg = load_world_config(args.config, {**(TINY if args.tiny else {}), **parse_overrides(args.set)})
-            uri = None if args.tracking_uri.lower() in ("", "none") else args.tracking_uri
+            from harness.tracking import resolve_uri
+
+            uri = None if (args.tracking_uri or "x").lower() in ("", "none") else resolve_uri(args.tracking_uri)
             args.dir = build_world(cfg, args.out, tracking_uri=uri, experiment=args.experiment,
                                    progress=not args.quiet, force=args.force)
         w = load_world(args.dir)

@@ -1,0 +1,530 @@
+"""The one layer under every runner: a study is a set of tasks (training runs, world builds) logged
+as MLflow child runs of one parent run, executed on one of harness.launch's executors, resumable
+from the store alone. `harness.ablate` turns a figure file into tasks, `harness.sweep` an Optuna
+study's ask/tell; this module does the rest for both:
+
+    with Study(uri, experiment, identity, runs_dir=..., exclusive=True) as st:   # the lock
+        parent = st.parent(create=True, run_name=..., tags=..., params=...)
+        outcomes = st.execute(Tasks(tasks), executor=..., workers=2, progress=Progress(...))
+        st.finish(outcomes, metrics={...})
+
+- The lock beside the store (a sqlite store's file, else the runs folder): a grid's is exclusive
+  (a second runner is refused, naming it), a sweep's is shared by every runner of the study. A
+  runner that holds it alone knows that whatever the store shows RUNNING is dead (`alone`).
+- The parent run is found again by its identity (tag harness.study_hash), so a rerun continues
+  under the same parent; stale failure tags of an earlier attempt are removed when it finishes.
+- A task runs in a worker (a fresh process, a Slurm job, or a torchrun job inside one) that
+  watches the runner: when the runner dies (kill -9 of it alone), the worker ends its run KILLED
+  (resumable) within a second or two and exits, so a rerun never trains the same steps twice.
+- One line per finished task, with elapsed time and ETA when not on a terminal (`Progress`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import filelock
+
+from . import keys as K
+from . import tracking
+from .launch import EXECUTORS, LAUNCHERS, launch_train
+from .launch import executor as make_executor
+
+TAG_STUDY_HASH = "harness.study_hash"
+"""On a parent run: the identity of its study (a grid's runs, a sweep's name); a rerun reopens it."""
+POLL_S = 2.0  # seconds between reads of the store while tasks run (progress bar, sweep pruning)
+WATCH_S = 1.0  # seconds between a worker's looks at its runner
+GRACE_S = 60.0  # after the runner died: how long a worker waits for its run to end KILLED before it exits
+
+
+class StudyBusy(RuntimeError):
+    """Another runner holds this study's exclusive lock."""
+
+
+# ------------------------------------------------------------------ tasks and outcomes
+@dataclass(frozen=True)
+class Runner:
+    """The runner process that tasks belong to, as a worker on the same machine can check it: a pid
+    is reused, a pid with its start time is not."""
+
+    pid: int
+    started: float
+    host: str
+
+    @classmethod
+    def this(cls) -> "Runner":
+        import psutil
+
+        return cls(os.getpid(), psutil.Process().create_time(), socket.gethostname())
+
+    def alive(self) -> bool:
+        """False once the runner is gone; True when it cannot be seen from here (another machine:
+        a Slurm job outlives a runner on the login node, and `scancel` is the way to stop it)."""
+        import psutil
+
+        if self.host != socket.gethostname():
+            return True
+        try:
+            return psutil.Process(self.pid).create_time() == self.started
+        except psutil.NoSuchProcess:
+            return False
+
+
+@dataclass
+class Task:
+    """One run of a study, handed to an executor (plain data: it crosses a process boundary)."""
+
+    key: str
+    """Unique within the study (e.g. the run name); outcomes are keyed by it."""
+    label: str
+    """How progress lines name it, e.g. 'vanilla PPO · seed 0'."""
+    cfg: dict[str, Any]
+    """The run's resolved config (TrainConfig or WorldConfig as a dict), runner settings applied."""
+    kind: str = "train"
+    """train: harness.train; world: harness.world.build_world (its reward-model training is the run)."""
+    resume: bool = False
+    note: str = "new"
+    """Why it runs: new, resume from its last checkpoint, rerun after FAILED, ..."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """The tags that find its run in the store (train runs carry them in cfg's logging.tags too)."""
+    steps: int = 0
+    """Training steps, for progress (0: unknown)."""
+    nproc: int | None = None
+    """Ranks per run (None: every visible GPU for a CUDA DeepSpeed config, else 1)."""
+    launcher: str = "torchrun"
+    world: dict[str, Any] | None = None
+    """kind world: build_world's out_dir, tracking_uri and experiment."""
+    parent_run_id: str | None = None
+    runner: Runner | None = None
+    """Set by Study.execute: the worker stops when this process dies."""
+
+
+@dataclass
+class Outcome:
+    key: str
+    label: str
+    status: str  # FINISHED | FAILED | KILLED
+    run_id: str | None = None
+    steps_done: int = 0
+    collapsed: bool = False
+    collapse_step: int | None = None
+    error: str | None = None
+    wall_s: float = 0.0
+    note: str = ""
+    worker_died: bool = False
+    """The worker process or job died under the run (killed, out of memory): not the run's fault."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "FINISHED"
+
+    @property
+    def why(self) -> str:
+        return tracking.redact((self.error or "no reason recorded").strip().splitlines()[0])
+
+    def describe(self) -> str:
+        if not self.ok:
+            return f"{self.status:<6} {self.label}: {self.why}"
+        collapsed = f"collapsed at step {self.collapse_step}" if self.collapse_step else "collapsed"
+        bits = [f"{self.steps_done} steps" if self.steps_done else "", fmt_duration(self.wall_s) if self.wall_s else "",
+                collapsed if self.collapsed else "", self.note if self.note != "new" else ""]
+        return f"done   {self.label}: " + ", ".join(b for b in bits if b)
+
+
+def fmt_duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+# ------------------------------------------------------------------ a task in its worker
+class Watchdog:
+    """In a worker: looks at the runner every WATCH_S. Once it is gone, `gone` is set (the training
+    callback then stops the run: KILLED, resumable) and, should the run not end within GRACE_S (a
+    world build, a step that takes minutes), the worker exits; its run, left RUNNING, is marked
+    KILLED by the next runner."""
+
+    def __init__(self, runner: Runner | None):
+        self.gone = threading.Event()
+        self.done = threading.Event()
+        if runner is not None:
+            threading.Thread(target=self._watch, args=(runner,), name="runner-watchdog", daemon=True).start()
+
+    def _watch(self, runner: Runner) -> None:
+        while not self.done.wait(WATCH_S):
+            if not runner.alive():
+                self.gone.set()
+                if not self.done.wait(GRACE_S):
+                    os._exit(70)
+                return
+
+    def check(self, *_: Any) -> bool:
+        """The training callback (on_step): raises KeyboardInterrupt once the runner is gone."""
+        if self.gone.is_set():
+            raise KeyboardInterrupt("the runner of this study is gone")
+        return False
+
+
+def run_task(task: Task) -> Outcome:
+    """Run one task to its end in this process; never raises except KeyboardInterrupt. A worker
+    whose runner died exits once its run has ended KILLED."""
+    t0, dog = time.time(), Watchdog(task.runner)
+    try:
+        out = _build_world(task) if task.kind == "world" else _train(task, dog.check)
+    except KeyboardInterrupt:
+        if dog.gone.is_set():  # nobody waits for this outcome: leave
+            os._exit(0)
+        raise
+    except Exception as e:  # noqa: BLE001 - one broken run must not take the study down
+        out = Outcome(task.key, task.label, "FAILED", error=f"{type(e).__name__}: {e}")
+    finally:
+        dog.done.set()
+    out.note, out.wall_s = task.note, time.time() - t0
+    return out
+
+
+def _train(task: Task, on_step: Callable[..., bool]) -> Outcome:
+    """harness.train.train in this process, or launch_train when the run needs several ranks."""
+    import torch
+
+    from .config import from_dict
+    from .schema import merge
+    from .train import train
+
+    cfg = from_dict(merge(task.cfg, {"logging.parent_run_id": task.parent_run_id}))  # resumed runs keep theirs
+    # a DeepSpeed config on a GPU machine takes every visible GPU (the paper scale); else one process
+    nproc = task.nproc or (torch.cuda.device_count() if cfg.device != "cpu" and cfg.distributed.deepspeed else 1)
+    if nproc > 1:
+        res = launch_train(cfg, nproc=nproc, resume=task.resume, on_step=on_step, launcher=task.launcher)
+    else:
+        res = train(cfg, resume=task.resume, on_step=on_step)
+    return Outcome(task.key, task.label, res.status, res.run_id, res.steps_done, res.collapsed, res.collapse_step,
+                   res.error)
+
+
+def _build_world(task: Task) -> Outcome:
+    """kind world: build the world of this task; its RM training is the run."""
+    from .world import build_world
+    from .world.config import world_config_from_dict
+
+    error, w = None, task.world or {}
+    try:
+        # force: only tasks without a finished run get here, so a cached build (which build_world
+        # would return without logging) must be rebuilt to be logged
+        build_world(world_config_from_dict(task.cfg), w["out_dir"], tracking_uri=w["tracking_uri"],
+                    experiment=w["experiment"], tags=task.tags, parent_run_id=task.parent_run_id, progress=False,
+                    force=True)
+    except Exception as e:  # noqa: BLE001 - build_world has ended its run FAILED
+        error = f"{type(e).__name__}: {e}"
+    runs = find_runs(w["tracking_uri"], w["experiment"], task.tags)  # the run build_world logged, by our tags
+    status = runs[-1].info.status if runs and not error else "FAILED"
+    return Outcome(task.key, task.label, status, runs[-1].info.run_id if runs else None, error=error)
+
+
+def find_runs(uri: str, experiment: str, tags: dict[str, str], where: str = "") -> list[Any]:
+    """Runs of the experiment carrying every one of `tags`, oldest first."""
+    query = " and ".join([f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([where] if where else []))
+    runs = tracking.client(uri).search_runs([tracking.ensure_experiment(uri, experiment)], query, max_results=50000)
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+# ------------------------------------------------------------------ where tasks come from
+class TaskSource(Protocol):
+    """What a study executes: a fixed list (a grid), or tasks made as workers free up (a sweep's
+    trials, asked from Optuna one at a time)."""
+
+    total: int
+    """Tasks expected in all (for progress; a sweep's estimate)."""
+
+    def take(self, free: int) -> list[Task]:
+        """Up to `free` tasks to start now ([] when none can start now)."""
+
+    def exhausted(self) -> bool:
+        """No task will come any more."""
+
+    def done(self, task: Task, outcome: Outcome) -> None:
+        """A task ended (its outcome recorded)."""
+
+    def poll(self, running: list[Task]) -> None:
+        """Called every POLL_S while tasks run (a sweep reports to its pruner here)."""
+
+
+class Tasks:
+    """A fixed list of tasks (a grid)."""
+
+    def __init__(self, tasks: list[Task]):
+        self.todo, self.total = list(tasks), len(tasks)
+
+    def take(self, free: int) -> list[Task]:
+        out, self.todo = self.todo[:free], self.todo[free:]
+        return out
+
+    def exhausted(self) -> bool:
+        return not self.todo
+
+    def done(self, task: Task, outcome: Outcome) -> None:
+        pass
+
+    def poll(self, running: list[Task]) -> None:
+        pass
+
+
+# ------------------------------------------------------------------ progress
+class Progress:
+    """One line per finished task. On a terminal also a tqdm bar, its postfix the train runs in
+    flight (step, RM score, KL, length: read from the store every POLL_S, whichever executor runs
+    them); elsewhere each line ends with the elapsed time and an ETA (elapsed / tasks done here x
+    tasks left)."""
+
+    SHOWN = ((K.RM_SCORE, "rm"), (K.KL, "kl"), (K.LENGTH, "len"))
+
+    def __init__(self, name: str, total: int, done: int, bars: bool):
+        from tqdm.auto import tqdm
+
+        self.name, self.on = name, bars
+        self.total, self.done, self.t0, self.finished_here = total, done, time.time(), 0
+        self.bar = tqdm(total=total, initial=done, desc=name, unit="run", dynamic_ncols=True, disable=not bars)
+
+    def write(self, line: str) -> None:
+        from tqdm.auto import tqdm
+
+        tqdm.write(tracking.redact(line), file=sys.stdout)
+        sys.stdout.flush()
+
+    def finish(self, out: Outcome) -> None:
+        self.done += 1
+        self.finished_here += 1
+        self.total = max(self.total, self.done)
+        self.bar.total = self.total
+        self.bar.update(1)
+        line = f"[{self.done:>{len(str(self.total))}}/{self.total}] {out.describe()}"
+        if not self.on:
+            el = time.time() - self.t0
+            eta = el / self.finished_here * (self.total - self.done)
+            line += f"  | elapsed {fmt_duration(el)}, ETA {fmt_duration(eta)}"
+        self.write(line)
+
+    def show(self, uri: str, running: list[Task]) -> None:
+        """The train runs in flight, in the bar's postfix: latest step and scores from the store."""
+        if not self.on:
+            return
+        shown = []
+        for t in running:
+            if t.kind != "train" or not (runs := _running_run(uri, t)):
+                continue
+            m = runs.data.metrics
+            step = max((s for s, _ in tracking.metric_history(uri, runs.info.run_id, K.RM_SCORE)), default=0)
+            scores = "".join(f" {short}={m[k]:.3g}" for k, short in self.SHOWN if k in m)
+            shown.append(f"{t.label} {step}/{t.steps or '?'}{scores}")
+        self.bar.set_postfix_str("; ".join(shown))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _running_run(uri: str, task: Task) -> Any:
+    logging = task.cfg.get("logging") or {}
+    runs = find_runs(uri, logging.get("experiment") or "", task.tags, "attributes.status = 'RUNNING'")
+    return runs[-1] if runs else None
+
+
+# ------------------------------------------------------------------ command-line options
+def add_executor_args(ap: Any, threads_default: int = 1) -> None:
+    """Where a runner's tasks execute: the options of every runner (grids, sweeps, the main job)."""
+    ex = ap.add_argument_group("where runs execute")
+    ex.add_argument("--executor", choices=EXECUTORS, default="local",
+                    help="local: a process per run; slurm: a Slurm job per run (submitit); submitit-local: that "
+                         "path without Slurm (default: local)")
+    ex.add_argument("--nproc", type=int, metavar="N", help="ranks per run, via torchrun/deepspeed (default: every "
+                    "visible GPU for a CUDA DeepSpeed config, else 1 = the worker's own process)")
+    ex.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="multi-rank launcher (default: torchrun)")
+    ex.add_argument("--slurm-partition", metavar="NAME", help="Slurm partition (--executor slurm)")
+    ex.add_argument("--slurm-time-min", type=int, default=24 * 60, metavar="MIN", help="time limit per job (def. 1440)")
+    ex.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs per job (default: 0)")
+    ex.add_argument("--slurm-cpus", type=int, metavar="N", help=f"CPUs per job (default: --threads, else {threads_default})")
+
+
+def cluster_params(args: Any, name: str, threads_default: int = 1) -> dict[str, Any]:
+    """submitit's parameters from the options of add_executor_args (used by --executor slurm / submitit-local)."""
+    return {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
+            "cpus_per_task": args.slurm_cpus or getattr(args, "threads", None) or threads_default, "name": name,
+            **({"slurm_partition": args.slurm_partition} if args.slurm_partition else {})}
+
+
+# ------------------------------------------------------------------ the study
+def study_hash(identity: Any) -> str:
+    """A short, stable hash of what identifies a study (JSON-serializable)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def lock_file(uri: str, runs_dir: Path, name: str) -> Path:
+    """Beside a sqlite store's file (one lock per store and study), else in the study's runs folder
+    (which a cluster's nodes share)."""
+    db = tracking.sqlite_path(uri)
+    return db.parent / f"{name}.study.{db.name}.lock" if db else runs_dir / name / "study.lock"
+
+
+class Study:
+    """One study in one MLflow store: lock, parent run, dead-run recovery, execution, the end."""
+
+    def __init__(self, uri: str, experiment: str, identity: Any, *, runs_dir: str | Path = "runs",
+                 exclusive: bool = True, what: str = "python -m harness.ablate", noun: str = "grid"):
+        self.uri, self.experiment, self.hash = uri, experiment, study_hash(identity)
+        self.runs_dir, self.exclusive, self.what, self.noun = Path(runs_dir), exclusive, what, noun
+        self.lock_path = lock_file(uri, self.runs_dir, experiment)
+        self.parent_run_id: str | None = None
+        self.alone = False
+        """True when no other runner of this study is alive (the lock was had exclusively)."""
+        self._stack = ExitStack()
+
+    # -- the lock
+    def __enter__(self) -> "Study":
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.exclusive:
+            try:
+                self._stack.enter_context(filelock.FileLock(self.lock_path).acquire(timeout=0))
+            except filelock.Timeout:
+                raise StudyBusy(f"another `{self.what}` is running {self.noun} {self.experiment!r} on store "
+                                f"{tracking.redact(self.uri)} (lock {self.lock_path}); wait for it to finish, or stop "
+                                "it, then rerun") from None
+            self.alone = True
+        else:
+            rw = filelock.ReadWriteLock(str(self.lock_path), is_singleton=False)
+            try:  # held exclusively for a moment: nobody else runs this study
+                with rw.write_lock(blocking=False):
+                    self.alone = True
+            except filelock.Timeout:
+                self.alone = False
+            self._stack.enter_context(rw.read_lock())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def creation_lock(self) -> filelock.FileLock:
+        """Serializes find-or-create of shared things (the parent run) between runners started at once."""
+        return filelock.FileLock(f"{self.lock_path}.create")
+
+    # -- the store
+    def runs(self, where: str = "") -> list[Any]:
+        """Every run of this study's experiment matching `where`, oldest first."""
+        runs = tracking.client(self.uri).search_runs([tracking.ensure_experiment(self.uri, self.experiment)], where,
+                                                     max_results=50000)
+        return sorted(runs, key=lambda r: r.info.start_time)
+
+    def mark_dead(self, where: str) -> list[str]:
+        """Runs matching `where` still RUNNING while no other runner is alive belong to a runner
+        that died (or a worker that crashed): close them as KILLED (resuming reopens a train run)."""
+        if not self.alone:
+            return []
+        dead = [r.info.run_id for r in self.runs(f"attributes.status = 'RUNNING' and {where}" if where
+                                                  else "attributes.status = 'RUNNING'")]
+        for rid in dead:
+            tracking.end_run(self.uri, rid, "KILLED")
+        return dead
+
+    def parent(self, *, create: bool, run_name: str, tags: dict[str, str], params: dict[str, Any] | None = None,
+               note: str | None = None) -> str | None:
+        """The study's parent run, reopened by its identity; else a new one when `create`."""
+        with self.creation_lock():
+            same = self.runs(f"tags.`{K.TAG_ROLE}` = 'parent' and tags.`{TAG_STUDY_HASH}` = '{self.hash}'")
+            if same:
+                self.parent_run_id = same[-1].info.run_id
+                tracking.reopen_run(self.uri, self.parent_run_id)
+                return self.parent_run_id
+            if not create:
+                return None
+            pid = tracking.start_run(self.uri, self.experiment, run_name, tags={
+                K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash, K.TAG_COMMIT: tracking.git_commit(), **tags})
+        if note:  # the experiment's description in the MLflow UI
+            c = tracking.client(self.uri)
+            c.set_experiment_tag(c.get_run(pid).info.experiment_id, "mlflow.note.content", note)
+        if params:
+            tracking.log_params(self.uri, pid, params)
+        self.parent_run_id = pid
+        return pid
+
+    # -- execution
+    def execute(self, source: TaskSource, *, executor: str = "local", workers: int = 1,
+                progress: Progress | None = None, cluster: dict[str, Any] | None = None) -> tuple[dict[str, Outcome], bool]:
+        """Run the source's tasks, `workers` at a time (0: one at a time in this process); returns
+        (outcomes by task key, interrupted). A Ctrl-C ends the runs in flight KILLED (resumable)."""
+        outcomes: dict[str, Outcome] = {}
+        runner, interrupted = Runner.this(), False
+        ex = make_executor(executor, workers, self.runs_dir / self.experiment / "submitit", **(cluster or {}))
+        futures: dict[Future, Task] = {}
+
+        def collect(f: Future, t: Task) -> None:
+            try:
+                out = f.result()
+            except Exception as e:  # noqa: BLE001 - a dead worker process, or submitit's FailedJobError
+                why = (f"{type(e).__name__}: {e}" if not isinstance(e, BrokenProcessPool)
+                       else "worker process died (killed, often for memory, or crashed); rerun to resume it")
+                out = Outcome(t.key, t.label, "FAILED", error=why, note=t.note, worker_died=True)
+            outcomes[t.key] = out
+            source.done(t, out)
+            if progress is not None:
+                progress.finish(out)
+
+        try:
+            while True:
+                free = (max(1, workers) - len(futures))
+                for t in source.take(free) if free > 0 else []:
+                    t.parent_run_id, t.runner = t.parent_run_id or self.parent_run_id, runner
+                    outcomes[t.key] = Outcome(t.key, t.label, "KILLED", error="interrupted", note="interrupted")
+                    f = ex.submit(run_task, t)
+                    futures[f] = t
+                    if f.done():  # --workers 0 ran it already
+                        collect(f, futures.pop(f))
+                if not futures:
+                    if source.exhausted():
+                        break
+                    time.sleep(0.1)  # a source that waits (a sweep whose other runners hold the last trials)
+                    continue
+                for f in wait(futures, timeout=POLL_S, return_when=FIRST_COMPLETED).done:
+                    collect(f, futures.pop(f))
+                if futures:
+                    running = list(futures.values())
+                    source.poll(running)
+                    if progress is not None:
+                        progress.show(self.uri, running)
+            ex.shutdown()
+        except KeyboardInterrupt:
+            interrupted = True
+            if progress is not None:
+                progress.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
+            ex.shutdown(cancel=True)
+        finally:
+            if progress is not None:
+                progress.close()
+        return outcomes, interrupted
+
+    # -- the end
+    def finish(self, outcomes: list[Outcome], *, interrupted: bool, metrics: dict[str, float] | None = None,
+               tags: dict[str, str] | None = None) -> None:
+        """Close the parent run: FINISHED, FAILED (any task failed) or KILLED (interrupted), with
+        the counts as tags; the failure tags of an earlier attempt go when nothing failed now; the
+        metrics are logged once per invocation (at the step after the last one logged)."""
+        if self.parent_run_id is None:
+            return
+        uri, pid = self.uri, self.parent_run_id
+        failed = [o for o in outcomes if not o.ok and o.status != "KILLED"]
+        all_tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(outcomes)), **(tags or {})}
+        if failed:
+            all_tags["harness.failed"] = "; ".join(f"{o.label}: {o.why[:200]}" for o in failed)[:4900]
+        tracking.set_tags(uri, pid, all_tags)
+        if not failed:
+            tracking.delete_tags(uri, pid, ["harness.failed", K.TAG_FAILURE])
+        if metrics:
+            tracking.MetricLogger(uri, pid).log(metrics, step=tracking.next_step(uri, pid, next(iter(metrics))))
+        tracking.end_run(uri, pid, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
