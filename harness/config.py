@@ -2,7 +2,7 @@
 
 Configs come from YAML plus dotted overrides (`--set ppo.kl_coef=0.1`), validated completely by
 `harness.schema` before any model is built; rules that span fields are `cross_checks`. Paper
-references ("Secrets of RLHF I", "APA") point to `../shared/docs/paper-notes.md`.
+references ("Secrets of RLHF I", "APA") are explained in docs/PAPER.md.
 """
 from __future__ import annotations
 
