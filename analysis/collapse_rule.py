@@ -5,12 +5,9 @@
   settings, replayed over its per-step gold (objective/gold_score): the trailing mean falls more
   than collapse.margin below the mean of the first collapse.baseline_steps steps and stays there
   for collapse.confirm steps (the eval gold at step 0 is on other prompts: another level).
-- The rule fired: harness.metrics.replay over the run's logged rows with its own collapse settings
-  (its params) but without the gold score: the indicators alone (KL, perplexity, length at the cap),
-  which is all the rule has without a gold reward (HH-RLHF, real models). On the world the trainer's
-  rule also watches gold itself (`collapse.gold_drop`), so scoring that part against gold would be
-  circular. Once with the per-sample perplexity (the trainer's) and once with the token-pooled one
-  (objective/ppl_tokens) in its place.
+- The rule fired: harness.metrics.replay of the indicator rule at its paper-scale defaults over the
+  run's logged rows: the indicators alone (KL, perplexity, length at the cap). Once with the
+  per-sample perplexity and once with the token-pooled one (objective/ppl_tokens) in its place.
 - Lead time = gold-fall step - rule step (> 0: the rule warned first); a miss: gold fell and the
   rule never fired; a false alarm: the rule fired and gold never fell.
 Only runs that log gold and both perplexities count, so both rules are scored on the same runs.
@@ -26,7 +23,7 @@ import pandas as pd
 from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
-from harness.metrics import gold_onset, replay
+from harness.metrics import IndicatorThresholds, gold_onset, replay
 from harness.schema import parse_value
 from harness.summary import fmt, reduce_run
 
@@ -54,7 +51,7 @@ def _run_row(uri: str, run) -> dict | None:
            "seed": tags.get(K.TAG_SEED, ""), "sft_gold": sft, "gold_fell": gold_onset(cfg, gold)}
     indicators = [(s, {k: v for k, v in m.items() if k != K.GOLD_SCORE}) for s, m in rows.items()]
     for name, ppl in RULES.items():
-        event = replay(cfg, indicators, ppl)
+        event = replay(IndicatorThresholds(), indicators, ppl)
         out[name] = None if event is None else event.step
     return out
 
@@ -110,6 +107,6 @@ def table_rows(scores: dict) -> list[list[str]]:
     return rows
 
 
-CHOICE = ("the trainer keeps the per-sample perplexity (harness.metrics.CollapseDetector's ppl_key): on the "
-          "embedded world's reference runs the two differ by a run or two, and both rarely fire on indicators alone "
-          "(two signals seldom hold at once at the default thresholds); gold, where a world has it, decides")
+CHOICE = ("the indicator rule is no longer the trainer's warning (harness.detector is, scored by analysis.detector); "
+          "on the embedded world's reference runs the two perplexities differ by a run or two, and both rarely fire on "
+          "indicators alone (two signals seldom hold at once at the paper-scale thresholds)")

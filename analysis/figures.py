@@ -1,7 +1,8 @@
 """The paper-style figure of one ablation, drawn from the MLflow store alone (`python -m analysis.figures`).
 
 One panel per metric (the YAML's panels, see `figure_panels`), one line per variant = mean over
-seeds, a min-max band over seeds, an X where a run's collapse was detected; special panels for
+seeds, a min-max band over seeds, an X at a run's collapse (the gold onset on the world) and a
+triangle where the detector warned (harness.detector, from the indicators alone); special panels for
 Figs. 2, 3 and 13. Writes OUT/<ablation>/figure.png and .pdf, sized for a printed A4/Letter page
 at full text width, and logs both to the ablation's newest parent run (artifact folder figures/).
 """
@@ -131,8 +132,9 @@ def _band(ax: Axes, b, color, x=None, **line) -> None:
 
 def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, smooth_k: int,
                       xs: pd.DataFrame | None = None) -> None:
-    """One line per variant (label = variant name), min-max band, an X on the mean curve at each
-    collapsed run's collapse step (tag only: where the run's curve ends); x: steps, or `xs` (sampled_tokens)."""
+    """One line per variant (label = variant name), min-max band, on the mean curve an X at each
+    collapsed run's gold onset (else its collapse step; tag only: where its curve ends) and a triangle
+    at each warning; x: steps, or `xs` (sampled_tokens)."""
     rows = data.metrics(metric)
     band = seed_band(rows, metric, smooth_k)
     if band.empty:
@@ -143,11 +145,15 @@ def draw_metric_panel(ax: Axes, data: AblationData, metric: str, colors: dict, s
         if b.empty:
             continue
         _band(ax, b, colors[v], at_x(xs, v, b["step"]), label=v)
-        runs = data.runs[(data.runs["variant"] == v) & data.runs["collapsed"]]
-        for step in runs["collapse_step"].fillna(runs["run_id"].map(ends)).dropna():
-            y = np.interp(step, b["step"].astype(float), b["mean"].astype(float))
-            ax.plot(at_x(xs, v, [step]), [y], ls="none", marker="X", ms=7, color=colors[v], mec="black", mew=0.6,
-                    label="_collapse", zorder=5)
+        runs = data.runs[data.runs["variant"] == v]
+        collapsed = runs[runs["collapsed"]]  # X: the run's collapse (the gold onset on the world); ^: the warning
+        marks = [("X", collapsed["gold_onset"].fillna(collapsed["collapse_step"]).fillna(collapsed["run_id"].map(ends))),
+                 ("^", runs["warning_step"])]
+        for marker, steps in marks:
+            for step in steps.dropna():
+                y = np.interp(step, b["step"].astype(float), b["mean"].astype(float))
+                ax.plot(at_x(xs, v, [step]), [y], ls="none", marker=marker, ms=7, color=colors[v], mec="black",
+                        mew=0.6, label="_collapse", zorder=5)
     if metric in LOG_SCALE_PANELS and (band["max"].astype(float) > 0).all():
         ax.set_yscale("log")  # collapse drives perplexity toward 1 while outliers reach the thousands
         for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 3, 4, 6; not 3x10^0
@@ -284,8 +290,12 @@ def _legend(fig: Figure, data: AblationData, colors: dict, axes: dict[str, Axes]
     if metric_panels and n_seeds > 1:
         handles.append(Patch(color="0.5", alpha=0.3, label=f"min–max over seeds ({n_seeds}); line: mean"))
     if metric_panels and data.runs["collapsed"].any():
+        gold = data.runs["gold_onset"].notna().any()
         handles.append(Line2D([], [], ls="none", marker="X", ms=7, color="0.5", mec="black", mew=0.6,
-                              label="collapse detected"))
+                              label="collapse: gold onset" if gold else "collapse"))
+    if metric_panels and data.runs["warning_step"].notna().any():
+        handles.append(Line2D([], [], ls="none", marker="^", ms=7, color="0.5", mec="black", mew=0.6,
+                              label="early warning (no gold used)"))
     if WIN_RATE_AXIS in axes:
         handles.append(Line2D([], [], color="0.3", ls="--", marker=".", label="win rate vs SFT (right axis)"))
     if smooth_k and smooth_k > 1 and metric_panels:

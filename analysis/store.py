@@ -27,8 +27,8 @@ from harness.schema import did_you_mean
 from harness.summary import reduce_run
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
-RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "best_step", "start_time", "figure",
-               "git_commit", "experiment", "metric_keys", "provenance"]
+RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "gold_onset", "warning_step",
+               "best_step", "start_time", "figure", "git_commit", "experiment", "metric_keys", "provenance"]
 METRIC_COLUMNS = ["run_id", "variant", "seed", "metric", "step", "value"]
 SAMPLE_COLUMNS = ["variant", "seed", "run_id", "step", "collapsed", "prompt", "response", "rm_score", "gold_score",
                   "length"]
@@ -61,6 +61,8 @@ def _run_row(run, experiment: str) -> dict[str, Any]:
         "seed": int(seed) if seed.lstrip("-").isdigit() else 0, "status": run.info.status,
         "collapsed": tags.get(K.TAG_COLLAPSED, "").lower() == "true" or step is not None,
         "collapse_step": float("nan") if step is None else float(step),
+        **{col: float(run.data.metrics.get(key, float("nan"))) for col, key in (("gold_onset", K.GOLD_ONSET),
+                                                                               ("warning_step", K.WARNING_STEP))},
         "best_step": float(best) if best else float("nan"), "start_time": run.info.start_time,
         "figure": tags.get(K.TAG_FIGURE, ""), "git_commit": tags.get(K.TAG_COMMIT, ""), "experiment": experiment,
         "metric_keys": set(run.data.metrics),

@@ -222,27 +222,21 @@ class LoggingConfig:
 @section
 class CollapseConfig:
     enabled: Bool = True
-    """Track collapse. Where a gold reward exists (the embedded world) the run's truth is the gold onset: the trailing mean of the per-step gold score (`window` steps) falls more than `margin` below the run's start (the mean of its first `baseline_steps` steps, where the policy is still the SFT model) and stays there for `confirm` steps; the onset is the first of them (harness.metrics.GoldTruth). Without gold, the indicator rule below marks it: at least two of {kl > kl_max, ppl < ppl_min, frac_at_cap > cap_frac_max} for `patience` steps in a row."""
+    """Track collapse: the gold truth where a gold reward exists, and the warning detector on every run (harness.metrics). On the embedded world the run's collapse flag (tag harness.collapsed, collapse/step) is the gold truth; without gold (HH-RLHF, any Hugging Face model) it is the detector's warning."""
     baseline_steps: PosCount = 5
-    """Gold truth: the first steps whose mean per-step gold is the run's start level."""
+    """Gold truth: the first steps whose mean per-step gold is the run's start level (the policy is still the SFT model)."""
     window: PosCount = 10
     """Gold truth: steps in the trailing mean of the per-step gold score (one noisy batch neither makes nor hides a fall)."""
     margin: Float = 0.3
     """Gold truth: how far (gold units) the trailing mean must fall below the start level (a negative margin also flags a run whose gold did not rise by more than -margin)."""
     confirm: PosCount = 20
     """Gold truth: steps in a row the trailing mean must stay below start - margin; the onset is the first of them, known `confirm - 1` steps later."""
-    kl_max: Pos = 2.0
-    """Indicator rule: bound on objective/kl (mean per-token k1, nats)."""
-    ppl_min: Annotated[Float, Field(ge=1)] = 1.3
-    """Indicator rule: policy perplexity of its own samples below this counts as degenerate."""
-    cap_frac_max: Unit = 0.9
-    """Indicator rule: fraction of responses at the length cap above this counts as running on."""
-    smoothing: Annotated[Float, Field(ge=0, lt=1)] = 0.8
-    """Indicator rule: EMA factor of the indicators."""
-    patience: PosCount = 10
-    """Indicator rule: consecutive steps before the run is marked collapsed."""
+    detector: PathStr = "default"
+    """The warning detector (harness.detector): `default` = the committed harness/detector_params.json (fit on the embedded world, scored on held-out worlds and figure files: `python -m analysis.detector evaluate`), `off`, or a file written by `python -m analysis.detector fit`. Logs collapse/warning every step and collapse/warning_step once."""
+    warn_threshold: Unit | None = None
+    """The detector's threshold instead of the file's (another point of its operating curve: lower warns earlier and more often)."""
     stop_on_collapse: Bool = False
-    """End training once the run is marked collapsed (status FINISHED, tag harness.collapsed=true)."""
+    """End training once the run is marked collapsed (status FINISHED, tag harness.collapsed=true): on the world `confirm - 1` steps after the gold onset, without gold at the warning."""
 
 
 @section
@@ -302,7 +296,7 @@ def _file_in_the_way(path: Path) -> Path | None:
 
 
 def cross_checks(cfg: TrainConfig) -> list[str]:
-    """Rules that span fields (and the one rule about the file system: output_dir is creatable)."""
+    """Rules that span fields (and the rules about files: output_dir is creatable, a detector file reads)."""
     p: list[str] = []
     if cfg.ppo.rollout_batch_size % cfg.ppo.num_minibatches:
         p.append(f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
@@ -315,6 +309,13 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
         p.append("data.hh_path: got ''; allowed: a path to an HH-RLHF .jsonl or .jsonl.gz file when data.source=hh_rlhf")
     if cfg.distributed.offload_params and cfg.distributed.zero_stage != 3:
         p.append(f"distributed.offload_params: got true with zero_stage={cfg.distributed.zero_stage}; allowed: only with zero_stage 3")
+    if cfg.collapse.detector not in ("default", "off"):  # a detector file: readable and well-formed
+        from .detector import load_params
+
+        try:
+            load_params(cfg.collapse.detector)
+        except ConfigError as e:
+            p += e.problems
     blocker = _file_in_the_way(Path(cfg.logging.output_dir))
     if blocker is not None:
         p.append(f"logging.output_dir: got {cfg.logging.output_dir!r}; allowed: a directory, but {str(blocker)!r} is a file")

@@ -69,7 +69,8 @@ EVAL_WIN_RATE = "eval/win_rate_vs_sft"  # gold(policy) > gold(SFT) on the same p
 EVAL_LENGTH = "eval/length_mean"
 
 COLLAPSE_STEP = "collapse/step"  # logged once, when the run's collapse flag is raised; its value is the step it marks (the gold onset on the world)
-COLLAPSE_SIGNALS = "collapse/signals"  # number of indicator-rule signals firing this step
+WARNING = "collapse/warning"  # the detector's warning score this step (harness.detector; from the first full window)
+WARNING_STEP = "collapse/warning_step"  # logged once, on the step the detector warns; its value is that step
 GOLD_ONSET = "collapse/gold_onset"  # logged once, on the step the gold onset is confirmed; its value is the onset step (harness.metrics.GoldTruth)
 
 # -- reward-model training (world build; experiment `world`) ------------------------------------
@@ -99,7 +100,7 @@ GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
 KNOWN_METRICS = list(dict.fromkeys(
     STEP_METRICS + GOLD_METRICS + EVAL_METRICS
-    + [PPL_TOKENS, COLLAPSE_STEP, COLLAPSE_SIGNALS, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
+    + [PPL_TOKENS, COLLAPSE_STEP, WARNING, WARNING_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
 """Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 
 TAG_SEED = "harness.seed"

@@ -7,11 +7,13 @@
   the first step of the first `confirm`-long run of such steps, so it is known `confirm - 1` steps
   after it happened. An early dip that recovers within `confirm` steps is no collapse, and a run
   whose gold rose first is judged against where it started, not against its peak.
-- `IndicatorRule`: the paper-scale rule over the indicators alone (KL, perplexity, share at the
-  length cap), all a run without gold has: at least two of them out of bounds for `patience`
-  steps in a row (EMA-smoothed), the event at the first of them.
+- The warning: harness.detector, over the signals every run logs (no gold); `Monitor` runs both and
+  raises the run's collapse flag: the gold truth where gold exists, else the warning.
+- `IndicatorRule`: the harness's earlier rule over the indicators alone (KL, perplexity, share at the
+  length cap) at the paper's scale: at least two of them out of bounds for `patience` steps in a row
+  (EMA-smoothed). It fired in 1 of 260 reference runs; analysis.detector keeps it as a baseline.
 
-Both replay offline over logged rows (`gold_onset`, `replay`) exactly as the trainer ran them.
+All replay offline over logged rows (`gold_onset`, `replay`, harness.detector.replay) as the trainer ran them.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Iterable
 
 from . import keys
 from .config import CollapseConfig
+from .detector import Detector, resolve_params
 
 
 @dataclass
@@ -77,10 +80,26 @@ def gold_onset(cfg: CollapseConfig, gold: Iterable[tuple[int, float]]) -> int | 
     return None if truth.event is None else truth.event.step
 
 
+@dataclass(frozen=True)
+class IndicatorThresholds:
+    """The indicator rule's bounds, as the paper's 7B / 512-token runs collapse (section 4)."""
+
+    kl_max: float = 2.0
+    """objective/kl (mean per-token k1, nats) above this counts."""
+    ppl_min: float = 1.3
+    """The policy's perplexity of its own samples below this counts as degenerate."""
+    cap_frac_max: float = 0.9
+    """Share of responses at the length cap above this counts as running on."""
+    smoothing: float = 0.8
+    """EMA factor of the indicators."""
+    patience: int = 10
+    """Steps in a row before the rule fires."""
+
+
 class IndicatorRule:
     """Two of {KL high, perplexity low, length at the cap} for `patience` steps (EMA-smoothed)."""
 
-    def __init__(self, cfg: CollapseConfig, ppl_key: str = keys.PPL):
+    def __init__(self, cfg: IndicatorThresholds = IndicatorThresholds(), ppl_key: str = keys.PPL):
         self.cfg, self.ppl_key = cfg, ppl_key  # keys.PPL_TOKENS: perplexity pooled over tokens (no outlier spikes)
         self.ema: dict[str, float] = {}
         self.streak_start: int | None = None
@@ -126,7 +145,7 @@ class IndicatorRule:
         self.event = CollapseEvent(**s["event"]) if s["event"] else None
 
 
-def replay(cfg: CollapseConfig, rows: Iterable[tuple[int, dict[str, float]]], ppl_key: str = keys.PPL) -> CollapseEvent | None:
+def replay(cfg: IndicatorThresholds, rows: Iterable[tuple[int, dict[str, float]]], ppl_key: str = keys.PPL) -> CollapseEvent | None:
     """The indicator rule over logged (step, metrics) rows in step order, as the trainer ran it."""
     d = IndicatorRule(cfg, ppl_key)
     for step, m in rows:
@@ -135,27 +154,36 @@ def replay(cfg: CollapseConfig, rows: Iterable[tuple[int, dict[str, float]]], pp
 
 
 class Monitor:
-    """A run's collapse flag, step by step: the gold truth where the source has a gold reward (the
-    indicator rule is then only logged, as collapse/signals), else the indicator rule."""
+    """A run's collapse flag, step by step: the gold truth where the source has a gold reward, else
+    the detector's warning; the warning is logged on every run (on the world, for scoring it)."""
 
     def __init__(self, cfg: CollapseConfig, has_gold: bool):
         self.cfg, self.has_gold = cfg, has_gold
         self.truth = GoldTruth(cfg) if has_gold else None
-        self.rule = IndicatorRule(cfg)
+        params = resolve_params(cfg.detector) if cfg.enabled else None
+        self.detector = Detector(params, cfg.warn_threshold) if params is not None else None
+        self.warned: CollapseEvent | None = None
 
     @property
     def event(self) -> CollapseEvent | None:
         """The flag's event (None: not collapsed so far)."""
-        return self.truth.event if self.truth is not None else self.rule.event
+        return self.truth.event if self.truth is not None else self.warned
 
     def update(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], CollapseEvent | None]:
-        """Feed one step's metrics; returns (the collapse/ metrics to log with it, the flag's event
-        on the step it is raised). The gold onset is logged at its own step once confirmed."""
+        """Feed one step's metrics; returns (the collapse/ metrics to log with it, the flag's event on
+        the step it is raised). The gold onset and the warning are logged once, when they are known."""
         if not self.cfg.enabled:
             return {}, None
         flagged = self.event is not None
-        n_signals, _ = self.rule.update(step, metrics)
-        out: dict[str, float] = {keys.COLLAPSE_SIGNALS: n_signals}
+        out: dict[str, float] = {}
+        if self.detector is not None:
+            score, alert = self.detector.update(step, metrics)
+            if score is not None:
+                out[keys.WARNING] = score
+            if alert is not None:
+                out[keys.WARNING_STEP] = alert.step
+                self.warned = CollapseEvent(alert.step, f"warning: detector score {alert.score:.2f} >= "
+                                            f"{self.detector.threshold:g} for {self.detector.params.patience} steps")
         if self.truth is not None and keys.GOLD_SCORE in metrics:
             if (onset := self.truth.update(step, metrics[keys.GOLD_SCORE])) is not None:
                 out[keys.GOLD_ONSET] = onset.step
@@ -165,9 +193,13 @@ class Monitor:
         return out, event
 
     def state_dict(self) -> dict:
-        return {"rule": self.rule.state_dict(), "truth": None if self.truth is None else self.truth.state_dict()}
+        return {"truth": None if self.truth is None else self.truth.state_dict(),
+                "detector": None if self.detector is None else self.detector.state_dict(),
+                "warned": None if self.warned is None else asdict(self.warned)}
 
     def load_state_dict(self, s: dict) -> None:
-        self.rule.load_state_dict(s["rule"])
         if self.truth is not None and s.get("truth"):
             self.truth.load_state_dict(s["truth"])
+        if self.detector is not None and s.get("detector"):
+            self.detector.load_state_dict(s["detector"])
+        self.warned = CollapseEvent(**s["warned"]) if s.get("warned") else None

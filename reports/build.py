@@ -190,7 +190,10 @@ class Section:
         if not self.metrics.empty:
             note = ("mean ± sd over seeds (sample sd; one seed: the value); final = mean of the last 10% of "
                     "logged steps, peak = largest logged value")
-            note += "; collapsed = seeds marked collapsed (mean collapse step)" if "collapsed" in self.metrics else ""
+            note += ("; collapsed = seeds marked collapsed (mean collapse step: the gold onset on the embedded "
+                     "world)") if "collapsed" in self.metrics else ""
+            note += ("; warned = seeds the early-warning detector warned (no gold used), lead = gold onset − warning "
+                     "step over the warned seeds whose gold fell, median (range)") if "warned" in self.metrics else ""
             note += ("; best step = per seed, the step of the best held-out eval before collapse (its policy: "
                      "best_policy.pt in the run folder)") if "best step" in self.metrics else ""
             rows, n = [list(self.metrics.columns)] + self.metrics.astype(str).values.tolist(), self.metrics.shape[1]
@@ -253,13 +256,24 @@ def final_peak_table(data: AblationData) -> pd.DataFrame:
         if not (per_run := data.per_run(metric, stat)).empty:
             table[header] = [fmt_mean_sd(describe(per_run.value[per_run.variant == v])) for v in table.variant]
     if not world:  # reward-model runs do not collapse
+        groups = [data.runs[data.runs["variant"] == v] for v in data.variants]
         table["collapsed"] = [f"{g['collapsed'].sum()}/{len(g)}" + (
-            f" (step {fmt(g['collapse_step'].mean())})" if g["collapse_step"].notna().any() else "")
-            for g in (data.runs[data.runs["variant"] == v] for v in data.variants)]
+            f" (step {fmt(g['collapse_step'].mean())})" if g["collapse_step"].notna().any() else "") for g in groups]
+        if data.runs["warning_step"].notna().any():  # the early warning (no gold) and its lead on the gold onset
+            table["warned"] = [f"{g['warning_step'].notna().sum()}/{len(g)}" for g in groups]
+            table["lead"] = [_leads(g) for g in groups]
     if data.runs["best_step"].notna().any():  # harness.train's best held-out policy before collapse, per seed
         table["best step"] = [", ".join(fmt(x) for x in data.runs.loc[data.runs["variant"] == v, "best_step"].dropna())
                               or "–" for v in data.variants]
     return table
+
+
+def _leads(runs: pd.DataFrame) -> str:
+    """The warned runs' leads (gold onset - warning step: > 0, warned before the gold fell), median (range)."""
+    lead = (runs["gold_onset"] - runs["warning_step"]).dropna()
+    if lead.empty:
+        return "–"
+    return fmt(lead.median()) + (f" ({fmt(lead.min())} to {fmt(lead.max())})" if len(lead) > 1 else "")
 
 
 def claims_flowables(sec: Section, st) -> list:

@@ -42,3 +42,11 @@ def fast_overrides(world_dir, tmp_path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={'null' if v is None else v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def detector_file(tmp_path):
+    """A hand-set detector file (tests/test_detector.py's write_detector)."""
+    from test_detector import write_detector
+
+    return write_detector(tmp_path / "detector.json")

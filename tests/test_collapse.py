@@ -1,7 +1,7 @@
 """What "collapsed" means: the gold truth (harness.metrics.GoldTruth) and the indicator rule."""
 from harness import keys
 from harness.config import CollapseConfig
-from harness.metrics import GoldTruth, IndicatorRule, Monitor, gold_onset
+from harness.metrics import GoldTruth, IndicatorRule, IndicatorThresholds, Monitor, gold_onset
 
 
 def healthy(gold=0.5):
@@ -9,14 +9,14 @@ def healthy(gold=0.5):
 
 
 def test_healthy_run_never_trips_the_indicator_rule():
-    d = IndicatorRule(CollapseConfig(patience=3))
+    d = IndicatorRule(IndicatorThresholds(patience=3))
     for s in range(1, 50):
         _, ev = d.update(s, healthy(0.5 + 0.01 * s))
         assert ev is None
 
 
 def test_pattern_collapse_detected_at_start_of_streak():
-    d = IndicatorRule(CollapseConfig(patience=3, smoothing=0.0))
+    d = IndicatorRule(IndicatorThresholds(patience=3, smoothing=0.0))
     for s in range(1, 6):
         assert d.update(s, healthy())[1] is None
     bad = {keys.KL: 5.0, keys.PPL: 1.05, keys.FRAC_AT_CAP: 1.0, keys.GOLD_SCORE: 0.4}
@@ -28,12 +28,12 @@ def test_pattern_collapse_detected_at_start_of_streak():
 
 
 def test_single_generic_signal_is_not_enough():
-    d = IndicatorRule(CollapseConfig(patience=2, smoothing=0.0))
+    d = IndicatorRule(IndicatorThresholds(patience=2, smoothing=0.0))
     for s in range(1, 10):  # long responses alone: not collapse
         assert d.update(s, {keys.KL: 0.1, keys.PPL: 3.0, keys.FRAC_AT_CAP: 1.0})[1] is None
 
 
-TRUTH = CollapseConfig(baseline_steps=2, window=2, margin=0.5, confirm=3)
+TRUTH = CollapseConfig(baseline_steps=2, window=2, margin=0.5, confirm=3, detector="off")
 
 
 def onset(gold):
@@ -74,12 +74,16 @@ def test_truth_state_roundtrip_and_the_monitor_logs_the_onset_once():
     assert m.event.step == 5 and "gold" in m.event.reason
 
 
-def test_without_gold_the_indicator_rule_is_the_flag():
-    m = Monitor(CollapseConfig(patience=2, smoothing=0.0), has_gold=False)
-    bad = {keys.KL: 5.0, keys.PPL: 1.05, keys.FRAC_AT_CAP: 1.0}
-    out = [m.update(s, bad) for s in (1, 2, 3)]
-    assert out[1][1].step == 1 and out[1][0][keys.COLLAPSE_STEP] == 1 and out[2][1] is None
-    assert keys.GOLD_ONSET not in out[1][0]
+def test_without_gold_the_detectors_warning_is_the_flag(detector_file):
+    from test_detector import collapsing_stream
+
+    m = Monitor(CollapseConfig(detector=str(detector_file)), has_gold=False)
+    out = [m.update(s, x) for s, x in enumerate(collapsing_stream(60, at=30), 1)]
+    warned = [(s, o[0][keys.WARNING_STEP]) for s, o in enumerate(out, 1) if keys.WARNING_STEP in o[0]]
+    flagged = [(s, o[1].step) for s, o in enumerate(out, 1) if o[1] is not None]
+    assert len(warned) == 1 and flagged == warned and warned[0][0] == warned[0][1]  # once, when it is raised
+    assert all(keys.GOLD_ONSET not in o[0] for o in out) and "detector" in m.event.reason
+    assert all(keys.WARNING in o[0] for o in out[15:])  # a score on every step after the first full window
 
 
 # -- real tiny-world runs: the rule replayed offline, and the best policy before collapse ----------
@@ -89,21 +93,22 @@ import torch  # noqa: E402
 
 from harness import tracking  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.metrics import replay  # noqa: E402
+from harness.detector import SIGNALS, load_params  # noqa: E402
+from harness.detector import replay as detector_replay  # noqa: E402
 from harness.train import BEST_POLICY, train  # noqa: E402
 from conftest import fast_overrides  # noqa: E402
+from test_detector import write_detector  # noqa: E402
 
 # the gold truth marks every step after the first as fallen (a margin of -100: "did not rise by 100"),
-# so the run is collapsed at step 2; and every step trips the indicator rule (perplexity below 100 and KL
-# above 1e-9: two signals) for the offline replay
-COLLAPSING = {"collapse.baseline_steps": 1, "collapse.window": 1, "collapse.confirm": 1, "collapse.margin": -100,
-              "collapse.patience": 1, "collapse.smoothing": 0.0, "collapse.ppl_min": 100, "collapse.kl_max": 1e-9}
+# so the run is collapsed at step 2
+COLLAPSING = {"collapse.baseline_steps": 1, "collapse.window": 1, "collapse.confirm": 1, "collapse.margin": -100}
 
 
 @pytest.fixture(scope="module", params=["healthy", "collapsing"])
 def tiny_run(request, tiny_world, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
-    cfg = load_config(None, fast_overrides(tiny_world, tmp, **(COLLAPSING if request.param == "collapsing" else {})))
+    cfg = load_config(None, fast_overrides(tiny_world, tmp, **(COLLAPSING if request.param == "collapsing" else {}),
+                                           **{"ppo.steps": 20, "collapse.detector": write_detector(tmp / "d.json")}))
     res = train(cfg)
     assert res.status == "FINISHED" and res.collapsed == (request.param == "collapsing"), res.error
     return cfg, res
@@ -112,7 +117,7 @@ def tiny_run(request, tiny_world, tmp_path_factory):
 def test_offline_replay_of_logged_rows_finds_what_the_trainer_did(tiny_run):
     cfg, res = tiny_run
     uri = cfg.logging.tracking_uri
-    keys_needed = [keys.KL, keys.PPL, keys.FRAC_AT_CAP, keys.GOLD_SCORE]
+    keys_needed = [keys.GOLD_SCORE]
     rows: dict[int, dict] = {}
     for k in keys_needed:
         for step, v in tracking.metric_history(uri, res.run_id, k):
@@ -124,13 +129,18 @@ def test_offline_replay_of_logged_rows_finds_what_the_trainer_did(tiny_run):
               for k in (keys.COLLAPSE_STEP, keys.GOLD_ONSET)}
     assert (onset is None) == (not res.collapsed)
     assert logged[keys.COLLAPSE_STEP] == logged[keys.GOLD_ONSET] == ([] if onset is None else [(onset, onset)])
-    # the indicator rule replayed as the trainer ran it (collapse/signals), and as the scoring replays it
-    # from the run's own collapse settings in its params (kl_max 1e-09 is no YAML 1.1 float)
-    event = replay(cfg.collapse, rows)
-    signals = [s for s, v in tracking.metric_history(uri, res.run_id, keys.COLLAPSE_SIGNALS) if v >= 2]
-    assert (event is None) == (not signals) and (event is None or event.step == signals[0])
+    # the detector replayed over the logged rows gives the scores and the warning the trainer logged
+    full: dict[int, dict] = {}
+    for k in set(SIGNALS.values()):
+        for step, v in tracking.metric_history(uri, res.run_id, k):
+            full.setdefault(step, {})[k] = v
+    scores, alert = detector_replay(load_params(cfg.collapse.detector), sorted(full.items()))
+    logged_scores = sorted(tracking.metric_history(uri, res.run_id, keys.WARNING))
+    assert len(scores) == len(logged_scores) == 20 - 14 and all(
+        a == b and abs(x - y) < 1e-9 for (a, x), (b, y) in zip(scores, logged_scores))
+    warned = tracking.metric_history(uri, res.run_id, keys.WARNING_STEP)
+    assert warned == ([] if alert is None else [(alert.step, alert.step)])
     table = collapse_rule.run_table(uri).set_index("run_id").loc[res.run_id]
-    assert (pd.isna(table[CURRENT]) and event is None) or table[CURRENT] == event.step
     assert (pd.isna(table["gold_fell"]) and onset is None) or table["gold_fell"] == onset
 
 

@@ -1,0 +1,479 @@
+"""The collapse detector (harness.detector) fit on runs whose gold truth is known, and scored on
+runs it was not fit on:
+
+    python -m analysis.detector fit --tracking-uri sqlite:///runs.db [--out FILE]   # fit, then evaluate
+    python -m analysis.detector evaluate --tracking-uri sqlite:///runs.db [--params FILE]
+    python -m analysis.detector evaluate --summary reports/reference.json          # the committed numbers
+
+The truth of a run is its gold onset (harness.metrics.GoldTruth, with the run's own collapse
+settings): a run whose gold fell, or one whose gold never fell over its whole budget (the detector
+campaign runs figure files at 2x their steps, so a negative is a run that held on, not one cut off).
+
+The split (recorded in the fitted file): the fit runs are those on the fit world, of the fit figure
+files, at the fit seeds; every other run is held out and grouped by how it differs from them: a
+world built from another seed or at another size (one group per world), another figure file on the
+fit world, or another seed of a fit file on the fit world. A held-out run whose config and seed
+equal a fit run's (vanilla PPO appears in several files) is the same run and is dropped.
+
+Fit: a logistic regression (scikit-learn, balanced classes, L2) of the features at each step
+(harness.detector.FEATURES) on the label "the gold falls within `lead` steps, or has fallen"; the
+threshold is the lowest whose false-alarm rate over the fit runs is at most `--fa-target`.
+Scored per run: recall = share of gold falls warned (at any step), false alarms = share of runs
+whose gold never fell that were warned, lead = onset - warning step (> 0: warned before the gold
+fell); 95% intervals: Clopper-Pearson for the shares, a percentile bootstrap for the median lead.
+The same numbers for three baselines, each threshold fit on the fit runs the same way: today's
+indicator rule (harness.metrics.IndicatorRule at its paper-scale defaults: nothing to fit), KL above a
+threshold alone, and a KL-spike stop as TRL's early_stopping does it (policy/approx_kl above 1.5 x
+target_kl).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from harness import keys as K
+from harness import tracking
+from harness.config import CollapseConfig, from_dict
+from harness.detector import DEFAULT_PARAMS, FEATURES, SIGNALS, DetectorParams, Features, load_params, replay
+from harness.metrics import IndicatorRule, gold_onset
+from harness.schema import ConfigError, parse_value
+from harness.summary import fmt
+
+NEEDED = sorted(set(SIGNALS.values()) | {K.GOLD_SCORE, K.KL, K.PPL, K.APPROX_KL})
+MIN_FIT_RUNS = 20  # fewer fit runs, or fewer than MIN_EACH of either kind, make no detector
+MIN_EACH = 5
+LEAD = 20
+FA_TARGET = 0.05
+PATIENCE = 3
+DEFAULT_FIT_FILES = ("score_reparam", "policy_constraints", "adv_value_clip", "kl_eta", "ppo_max")
+RESULTS = Path("results") / "detector"
+
+
+@dataclasses.dataclass
+class RunData:
+    """One finished train run of the store: its logged rows, its truth and where it belongs."""
+
+    run_id: str
+    ablation: str
+    variant: str
+    seed: int
+    world: str
+    """The world's hash (tag provenance.world.hash)."""
+    config_hash: str
+    rows: list[tuple[int, dict[str, float]]]
+    onset: int | None
+    """The gold onset (None: the gold never fell)."""
+    last_step: int
+    cap: int
+    """generation.max_new_tokens."""
+    group: str = ""
+
+    @property
+    def fell(self) -> bool:
+        return self.onset is not None
+
+
+def _collapse_cfg(params: dict[str, str]) -> CollapseConfig:
+    known = {f.name for f in dataclasses.fields(CollapseConfig)}  # a store of older code may hold other keys
+    return from_dict({k.split(".", 1)[1]: parse_value(v) for k, v in params.items()
+                      if k.startswith("collapse.") and k.split(".", 1)[1] in known}, CollapseConfig)
+
+
+def _load_run(uri: str, run: Any) -> RunData | None:
+    rows: dict[int, dict[str, float]] = {}
+    for k in NEEDED:
+        for step, v in tracking.metric_history(uri, run.info.run_id, k):
+            rows.setdefault(step, {})[k] = v
+    rows = {s: m for s, m in sorted(rows.items()) if set(NEEDED) <= set(m)}
+    if len(rows) < 20:
+        return None
+    p, t = run.data.params, run.data.tags
+    steps = sorted(rows)
+    return RunData(run.info.run_id, t.get(K.TAG_ABLATION, ""), t.get(K.TAG_VARIANT, ""), int(t.get(K.TAG_SEED, 0)),
+                   t.get("provenance.world.hash", "?"), t.get(K.TAG_CONFIG_HASH, ""), list(rows.items()),
+                   gold_onset(_collapse_cfg(p), [(s, rows[s][K.GOLD_SCORE]) for s in steps]), steps[-1],
+                   int(parse_value(p.get("generation.max_new_tokens", "0")) or 0))
+
+
+def load_runs(uri: str) -> list[RunData]:
+    """Every FINISHED train run of the store that logged gold and every signal the detector reads."""
+    c = tracking.client(uri)
+    runs = [r for e in c.search_experiments() for r in c.search_runs(
+        [e.experiment_id], f"tags.`{K.TAG_ROLE}` = 'train' and attributes.status = 'FINISHED'", max_results=50000)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return [r for r in pool.map(lambda r: _load_run(uri, r), runs) if r is not None]
+
+
+# ------------------------------------------------------------------ the split
+@dataclasses.dataclass
+class Split:
+    """Which runs a detector is fit on; every other run is held out."""
+
+    world: str
+    """The fit world's hash."""
+    files: list[str]
+    seeds: list[int]
+
+    def group(self, r: RunData, worlds: dict[str, str]) -> str:
+        if r.world != self.world:
+            return f"held-out world: {worlds.get(r.world, r.world)}"
+        if r.ablation not in self.files:
+            return "held-out figure files"
+        return "fit" if r.seed in self.seeds else "held-out seeds"
+
+
+def world_names(runs: list[RunData]) -> dict[str, str]:
+    """World hash -> a readable name: its hash, RM accuracy and response cap."""
+    out = {}
+    for r in runs:
+        out.setdefault(r.world, f"{r.world[:8]} (cap {r.cap})")
+    return out
+
+
+def assign(runs: list[RunData], split: Split) -> list[RunData]:
+    """Each run's group; held-out runs that are a fit run again (same world, config and seed) dropped."""
+    names = world_names(runs)
+    for r in runs:
+        r.group = split.group(r, names)
+    fit = {(r.world, r.config_hash, r.seed) for r in runs if r.group == "fit"}
+    return [r for r in runs if r.group == "fit" or (r.world, r.config_hash, r.seed) not in fit]
+
+
+# ------------------------------------------------------------------ features and the fit
+def feature_rows(r: RunData, window: int, baseline_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, features [n, len(FEATURES)]) of one run, as harness.detector.Features computes them online."""
+    f = Features(window, baseline_steps)
+    steps, rows = [], []
+    for step, m in r.rows:
+        x = f.update(m)
+        if x is not None:
+            steps.append(step)
+            rows.append([x[k] for k in FEATURES])
+    return np.asarray(steps), np.asarray(rows, dtype=float).reshape(-1, len(FEATURES))
+
+
+def fit(runs: list[RunData], *, lead: int = LEAD, fa_target: float = FA_TARGET, patience: int = PATIENCE,
+        window: int = 10, baseline_steps: int = 5, provenance: dict[str, Any] | None = None) -> DetectorParams:
+    """The logistic detector fit on `runs` (their steps labelled 1 from `lead` steps before the onset
+    on), its threshold the lowest with at most `fa_target` false alarms over these runs."""
+    from sklearn.linear_model import LogisticRegression
+
+    fell = sum(r.fell for r in runs)
+    if len(runs) < MIN_FIT_RUNS or fell < MIN_EACH or len(runs) - fell < MIN_EACH:
+        raise ConfigError([f"fit: got {len(runs)} runs ({fell} whose gold fell, {len(runs) - fell} whose gold never fell); "
+                           f"allowed: at least {MIN_FIT_RUNS} runs with at least {MIN_EACH} of each kind (a detector fit "
+                           "on fewer says nothing that carries to other runs)"])
+    xs, ys = [], []
+    for r in runs:
+        steps, x = feature_rows(r, window, baseline_steps)
+        xs.append(x)
+        ys.append((steps >= r.onset - lead) if r.fell else np.zeros(len(steps), dtype=bool))
+    X, y = np.vstack(xs), np.concatenate(ys)
+    mean, scale = X.mean(0), X.std(0)
+    scale[scale < 1e-9] = 1.0
+    model = LogisticRegression(C=1.0, class_weight="balanced", max_iter=2000).fit((X - mean) / scale, y)
+    params = DetectorParams(features=list(FEATURES), mean=mean.tolist(), scale=scale.tolist(),
+                            coef=model.coef_[0].tolist(), intercept=float(model.intercept_[0]), threshold=0.5,
+                            patience=patience, window=window, baseline_steps=baseline_steps,
+                            provenance=dict(provenance or {}))
+    params.threshold = choose_threshold(lambda t: [warn_step(params, r, t) for r in runs], runs, THRESHOLDS, fa_target)
+    return params
+
+
+THRESHOLDS = [round(x, 3) for x in np.linspace(0.05, 0.995, 190)]
+
+
+def choose_threshold(warnings_at: Callable[[float], list[int | None]], runs: list[RunData], grid: list[float],
+                     fa_target: float) -> float:
+    """The lowest threshold of `grid` whose false-alarm rate over `runs` is at most fa_target (the
+    highest of the grid when none is)."""
+    neg = [i for i, r in enumerate(runs) if not r.fell]
+    for t in sorted(grid):
+        w = warnings_at(t)
+        if sum(w[i] is not None for i in neg) <= fa_target * len(neg):
+            return t
+    return max(grid)
+
+
+def first_streak(scores: list[tuple[int, float]], threshold: float, patience: int) -> int | None:
+    """The step a warning is raised: the first where the score has been >= threshold `patience` steps in a row."""
+    streak = 0
+    for step, x in scores:
+        streak = streak + 1 if x >= threshold else 0
+        if streak >= patience:
+            return step
+    return None
+
+
+_SCORES: dict[tuple[int, str], list[tuple[int, float]]] = {}
+
+
+def warn_step(params: DetectorParams, r: RunData, threshold: float | None = None) -> int | None:
+    """The detector's warning step on a run (harness.detector.replay's scores; a threshold only picks
+    where the same scores cross, so they are computed once per run)."""
+    key = (id(params), r.run_id)
+    if key not in _SCORES:
+        _SCORES[key] = replay(params, r.rows)[0]
+    return first_streak(_SCORES[key], params.threshold if threshold is None else threshold, params.patience)
+
+
+# ------------------------------------------------------------------ baselines
+def rule_step(r: RunData, _: float | None = None) -> int | None:
+    """Today's indicator rule at its defaults (KL > 2, perplexity < 1.3, 90% at the cap: two of them for
+    10 steps), replayed over the logged rows."""
+    d = IndicatorRule()
+    for step, m in r.rows:
+        if d.update(step, m)[1] is not None:
+            return step
+    return None
+
+
+def streak_step(r: RunData, key: str, threshold: float, patience: int = PATIENCE) -> int | None:
+    """The first step where `key` has been above `threshold` for `patience` steps in a row."""
+    streak = 0
+    for step, m in r.rows:
+        streak = streak + 1 if m[key] > threshold else 0
+        if streak >= patience:
+            return step
+    return None
+
+
+BASELINES: dict[str, tuple[str, list[float], Callable[[RunData, float], int | None]]] = {
+    "indicator rule (today's, paper scale)": ("", [0.0], rule_step),
+    "KL above a threshold": ("KL (nats)", [round(x, 3) for x in np.geomspace(0.05, 20, 120)],
+                             lambda r, t: streak_step(r, K.KL, t)),
+    "KL-spike stop (TRL early_stopping)": ("target_kl", [round(x, 5) for x in np.geomspace(1e-4, 2, 120)],
+                                           lambda r, t: streak_step(r, K.APPROX_KL, 1.5 * t, patience=1)),
+}
+"""Name -> (what its threshold is, the thresholds tried, warn step of a run at a threshold)."""
+
+
+# ------------------------------------------------------------------ scoring
+def _ci(k: int, n: int) -> tuple[float, float]:
+    if n == 0:
+        return math.nan, math.nan
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def score(runs: list[RunData], warns: list[int | None]) -> dict[str, Any]:
+    """Recall, false alarms and lead time of warnings `warns` (one per run) against the gold truth."""
+    fell = [(r, w) for r, w in zip(runs, warns) if r.fell]
+    held = [(r, w) for r, w in zip(runs, warns) if not r.fell]
+    hits = [(r, w) for r, w in fell if w is not None]
+    leads = np.asarray([r.onset - w for r, w in hits], dtype=float)
+    k_fa = sum(w is not None for _, w in held)
+    out = {"runs": len(runs), "fell": len(fell), "held": len(held), "warned_fell": len(hits), "false_alarms": k_fa,
+           "recall": len(hits) / len(fell) if fell else math.nan, "recall_ci": _ci(len(hits), len(fell)),
+           "fa_rate": k_fa / len(held) if held else math.nan, "fa_ci": _ci(k_fa, len(held)),
+           "warned_before": int((leads > 0).sum()), "lead_median": float(np.median(leads)) if leads.size else math.nan,
+           "lead_ci": (math.nan, math.nan)}
+    if leads.size >= 3 and np.ptp(leads) > 0:
+        b = stats.bootstrap((leads,), np.median, confidence_level=0.95, method="percentile", random_state=0,
+                            n_resamples=2000)
+        out["lead_ci"] = (float(b.confidence_interval.low), float(b.confidence_interval.high))
+    elif leads.size:
+        out["lead_ci"] = (float(leads.min()), float(leads.max()))
+    return out
+
+
+def line(s: dict[str, Any]) -> str:
+    """'recall 0.9 [0.8, 0.96], false alarms 0.05 [0, 0.2], median lead 12 [8, 15] steps (n runs)'."""
+    def iv(x: float, ci: tuple[float, float]) -> str:
+        return f"{fmt(x, 2)} [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]"
+    return (f"recall {iv(s['recall'], s['recall_ci'])}, false alarms {iv(s['fa_rate'], s['fa_ci'])}, "
+            f"median lead {iv(s['lead_median'], s['lead_ci'])} steps ({s['runs']} runs: {s['fell']} fell, "
+            f"{s['held']} held)")
+
+
+def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_TARGET) -> dict[str, Any]:
+    """Per group of runs (fit and each held-out group, and every held-out run pooled): the detector's
+    score at its threshold and each baseline's at the threshold fit on the fit runs; the operating
+    curve of the detector over thresholds on the pooled held-out runs."""
+    groups: dict[str, list[RunData]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    held = [r for r in runs if r.group != "fit"]
+    if not held:
+        raise ConfigError(["evaluate: every run of the store is a fit run; allowed: a store with held-out runs "
+                           "(another world, figure file or seed)"])
+    fit_runs = groups.get("fit", [])
+    out: dict[str, Any] = {"threshold": params.threshold, "groups": {}, "baselines": {}, "curve": []}
+    names = ["fit", *sorted(g for g in groups if g != "fit"), "held-out (all)"]
+    members = {**groups, "held-out (all)": held}
+    warns = {r.run_id: warn_step(params, r) for r in runs}
+    for g in names:
+        if g in members:
+            out["groups"][g] = score(members[g], [warns[r.run_id] for r in members[g]])
+    for name, (unit, grid, step_of) in BASELINES.items():
+        t = choose_threshold(lambda t: [step_of(r, t) for r in fit_runs], fit_runs, grid, fa_target) if fit_runs else grid[0]
+        out["baselines"][name] = {"threshold": t, "unit": unit, "held-out (all)": score(held, [step_of(r, t) for r in held]),
+                                  **{g: score(members[g], [step_of(r, t) for r in members[g]])
+                                     for g in names if g in members and g != "held-out (all)"}}
+    for t in THRESHOLDS[::5] + [params.threshold]:
+        s = score(held, [warn_step(params, r, t) for r in held])
+        out["curve"].append({"threshold": t, "recall": s["recall"], "fa_rate": s["fa_rate"], "lead_median": s["lead_median"]})
+    out["curve"].sort(key=lambda c: c["threshold"])
+    out["runs"] = [{"run_id": r.run_id, "group": r.group, "ablation": r.ablation, "variant": r.variant, "seed": r.seed,
+                    "onset": r.onset, "warning": warns[r.run_id], "last_step": r.last_step} for r in runs]
+    return out
+
+
+def summary_line(ev: dict[str, Any]) -> str:
+    """The one line the issue asks for: the detector on every held-out run."""
+    s = ev["groups"]["held-out (all)"]
+    return (f"held-out: recall {fmt(s['recall'], 2)}, false alarms {fmt(s['fa_rate'], 2)}, median lead "
+            f"{fmt(s['lead_median'], 2)} steps ({s['runs']} runs)")
+
+
+def print_evaluation(ev: dict[str, Any]) -> None:
+    print(f"detector at threshold {ev['threshold']:g} (scored out of sample except the fit row):")
+    for g, s in ev["groups"].items():
+        print(f"  {g:<34} {line(s)}")
+    for name, b in ev["baselines"].items():
+        t = f" ({b['unit']} {b['threshold']:g}, fit on the fit runs)" if b["unit"] else ""
+        print(f"baseline {name}{t}:")
+        for g, s in b.items():
+            if isinstance(s, dict):
+                print(f"  {g:<34} {line(s)}")
+    print("operating curve on the held-out runs (threshold: recall, false alarms, median lead):")
+    print("  " + "; ".join(f"{c['threshold']:.2f}: {fmt(c['recall'], 2)}, {fmt(c['fa_rate'], 2)}, {fmt(c['lead_median'], 2)}"
+                           for c in ev["curve"][::3]))
+    print(summary_line(ev))
+
+
+def draw(ev: dict[str, Any], out: Path) -> list[Path]:
+    """The operating curve (recall and false alarms over thresholds) and the lead times per group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    c = pd.DataFrame(ev["curve"])
+    a.plot(c["fa_rate"], c["recall"], "o-", ms=3, label="detector (over thresholds)")
+    s = ev["groups"]["held-out (all)"]
+    a.plot([s["fa_rate"]], [s["recall"]], "r*", ms=14, label=f"chosen threshold {ev['threshold']:g}")
+    for name, bl in ev["baselines"].items():
+        h = bl["held-out (all)"]
+        a.plot([h["fa_rate"]], [h["recall"]], "s", ms=7, label=name)
+    a.set(xlabel="false-alarm rate (runs whose gold never fell)", ylabel="recall (gold falls warned)",
+          xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), title="held-out runs")
+    a.legend(fontsize=7, loc="lower right")
+    runs = pd.DataFrame(ev["runs"])
+    hits = runs[runs["onset"].notna() & runs["warning"].notna()].assign(lead=lambda d: d["onset"] - d["warning"])
+    groups = [g for g in ev["groups"] if g != "held-out (all)"]
+    b.boxplot([hits.loc[hits["group"] == g, "lead"].to_numpy() for g in groups], showfliers=True)
+    b.set_xticks(range(1, len(groups) + 1), [g.replace("held-out ", "") for g in groups], rotation=15, fontsize=7)
+    b.axhline(0, color="k", lw=0.8)
+    b.set(ylabel="lead = gold onset - warning step", title="lead time of warned gold falls")
+    fig.tight_layout()
+    paths = [out / "detector.png", out / "detector.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=130)
+    plt.close(fig)
+    return paths
+
+
+def to_summary(ev: dict[str, Any]) -> dict[str, Any]:
+    """What the committed reference summary keeps: the numbers, not the per-run table."""
+    return {k: v for k, v in ev.items() if k != "runs"} | {"line": summary_line(ev)}
+
+
+# ------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m analysis.detector", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("fit", "evaluate"):
+        p = sub.add_parser(name, help="fit a detector, then evaluate it" if name == "fit" else "evaluate a detector")
+        p.add_argument("--tracking-uri", help="the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else "
+                       "sqlite:///mlflow.db)")
+        p.add_argument("--summary", metavar="JSON", help="evaluate: print the detector section of a reference "
+                       "summary (reports/reference.json) instead of reading a store") if name == "evaluate" else None
+        p.add_argument("--params", metavar="FILE", help=f"the detector (default: {DEFAULT_PARAMS.name}, the committed one)"
+                       if name == "evaluate" else argparse.SUPPRESS)
+        p.add_argument("--fit-world", metavar="HASH", help="the fit world's hash (default: the detector file's; fit: "
+                       "the world of most runs)")
+        p.add_argument("--fit-files", metavar="LIST", help=f"figure files of the fit runs (default: "
+                       f"{','.join(DEFAULT_FIT_FILES)})")
+        p.add_argument("--fit-seeds", metavar="LIST", default=None, help="seeds of the fit runs (default: 0-2)")
+        p.add_argument("--fa-target", type=float, default=FA_TARGET, help=f"false alarms allowed on the fit runs when "
+                       f"a threshold is chosen (default {FA_TARGET})")
+        p.add_argument("--out", metavar="DIR", default=str(RESULTS), help=f"figures and JSON (default {RESULTS})")
+        if name == "fit":
+            p.add_argument("--lead", type=int, default=LEAD, help=f"steps before the onset labelled as collapsing (default {LEAD})")
+            p.add_argument("--save", metavar="FILE", help="where the fitted detector goes (default: OUT/detector_params.json; "
+                           f"{DEFAULT_PARAMS} is the committed one)")
+    return ap
+
+
+def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams | None) -> Split:
+    from harness.registry import parse_seeds
+
+    stored = (params.provenance.get("split") if params else None) or {}
+    world = args.fit_world or stored.get("world")
+    if world is None:
+        world = pd.Series([r.world for r in runs]).value_counts().index[0]
+    files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
+    seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else stored.get("seeds") or [0, 1, 2]
+    return Split(world, files, seeds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "evaluate" and args.summary:
+            ref = json.loads(Path(args.summary).read_text())
+            if "detector" not in ref:
+                raise ConfigError([f"--summary {args.summary}: holds no detector section; allowed: a reference summary "
+                                   "built with the detector (python -m reports.build --reference)"])
+            print_evaluation(ref["detector"])
+            return 0
+        params = load_params(args.params) if args.cmd == "evaluate" and args.params else (
+            load_params(DEFAULT_PARAMS) if args.cmd == "evaluate" else None)
+        uri = tracking.resolve_uri(args.tracking_uri)
+        runs = load_runs(uri)
+        if not runs:
+            raise ConfigError([f"{tracking.redact(uri)}: no finished train run with a gold reward and the detector's "
+                               f"signals; allowed: a store of runs on the embedded world (fit needs gold)"])
+        split = _split(args, runs, params)
+        runs = assign(runs, split)
+        if args.cmd == "fit":
+            fit_runs = [r for r in runs if r.group == "fit"]
+            prov = {"commit": tracking.git_commit(), "store": tracking.redact(uri), "split": dataclasses.asdict(split),
+                    "worlds": sorted({r.world for r in runs}), "lead": args.lead, "fa_target": args.fa_target,
+                    "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
+                    "run_commits": sorted({tracking.client(uri).get_run(r.run_id).data.tags.get(K.TAG_COMMIT, "?")
+                                           for r in fit_runs[:50]})}
+            params = fit(fit_runs, lead=args.lead, fa_target=args.fa_target, provenance=prov)
+            save = Path(args.save or Path(args.out) / "detector_params.json")
+            save.parent.mkdir(parents=True, exist_ok=True)
+            save.write_text(json.dumps(dataclasses.asdict(params), indent=1) + "\n")
+            print(f"fit on {len(fit_runs)} runs ({prov['fit_fell']} whose gold fell): threshold {params.threshold:g}; "
+                  f"written to {save}")
+        ev = evaluate(runs, params, args.fa_target)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "evaluation.json").write_text(json.dumps(ev, indent=1, default=float) + "\n")
+        draw(ev, out)
+        print_evaluation(ev)
+        return 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

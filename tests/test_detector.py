@@ -1,0 +1,198 @@
+"""The early warning (harness.detector): its features on synthetic indicator streams where it must and
+must not fire, its file's validation and exact reload, and the fit-and-score of analysis.detector on a
+synthetic store whose truth is known (fit on one part, scored on the held-out rest)."""
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from harness import keys as K
+from harness import tracking
+from harness.detector import FEATURES, SIGNALS, Detector, DetectorParams, Features, load_params, replay
+from harness.schema import ConfigError
+
+
+def stream(n: int, *, at: int | None = None, rate: float = 1.0, seed: int = 0, entropy: float = 1.4,
+           cap: int = 24) -> list[dict[str, float]]:
+    """Per-step metrics of a run: healthy until `at` (KL creeps, perplexities hold), then the paper's
+    pattern (KL climbs, perplexity and entropy fall, lengths run to the cap, RM score climbs), faster
+    with `rate`; noise of a 32-response batch."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(1, n + 1):
+        a = 0.0 if at is None else max(0.0, t - at) * 0.05 * rate
+        kl = 0.002 * t + a * entropy
+        out.append({
+            K.KL_K3: kl * (1 + 0.05 * rng.standard_normal()), K.KL: kl, K.ENTROPY: entropy * math.exp(-0.5 * a),
+            K.PPL_TOKENS: 3.0 * math.exp(-0.4 * a) * (1 + 0.02 * rng.standard_normal()),
+            K.PPL: 3.0 * math.exp(-0.4 * a), K.PPL_REF: 3.2 * math.exp(0.8 * a) * (1 + 0.02 * rng.standard_normal()),
+            K.LENGTH: min(cap, 12.0 * math.exp(0.3 * a)), K.LENGTH_STD: 4.0 * math.exp(-0.5 * a) + 0.1,
+            K.FRAC_AT_CAP: min(1.0, 0.02 + 0.4 * a), K.RM_SCORE: 0.1 + 0.8 * a + 0.05 * rng.standard_normal(),
+            K.RM_SCORE_STD: 1.0 + 0.2 * a, K.POLICY_CLIPFRAC: 0.05 + 0.05 * min(a, 2.0),
+            K.APPROX_KL: 0.01 + 0.02 * a, K.GOLD_SCORE: -0.5 - 0.8 * a + 0.1 * rng.standard_normal(),
+        })
+    return out
+
+
+def collapsing_stream(n: int, at: int) -> list[dict[str, float]]:
+    return stream(n, at=at)
+
+
+def write_detector(path, threshold: float = 0.5) -> str:
+    """A hand-set detector: warns once KL has grown past about half the start's entropy."""
+    p = DetectorParams(features=["kl"], mean=[0.0], scale=[1.0], coef=[12.0], intercept=-6.0, threshold=threshold)
+    path.write_text(json.dumps(dataclasses.asdict(p)))
+    return str(path)
+
+
+def test_features_are_relative_to_the_runs_own_start():
+    f = Features(window=2, baseline_steps=2)
+    rows = stream(6)
+    assert [f.update(m) is None for m in rows[:3]] == [True, True, True]  # the start and one window first
+    x = f.update(rows[3])
+    assert set(x) == set(FEATURES)
+    # a run that is the same one scaled (twice the entropy and KL, longer responses): the same features
+    g = Features(window=2, baseline_steps=2)
+    scaled = [{**m, K.ENTROPY: 2 * m[K.ENTROPY], K.KL_K3: 2 * m[K.KL_K3], K.LENGTH: 10 * m[K.LENGTH],
+               K.LENGTH_STD: 10 * m[K.LENGTH_STD], K.RM_SCORE: 5 * m[K.RM_SCORE], K.RM_SCORE_STD: 5 * m[K.RM_SCORE_STD],
+               K.PPL_TOKENS: 7 * m[K.PPL_TOKENS]} for m in rows[:4]]
+    y = [g.update(m) for m in scaled][-1]
+    assert all(math.isclose(x[k], y[k], rel_tol=1e-9, abs_tol=1e-9) for k in FEATURES), (x, y)
+
+
+def test_the_detector_fires_on_the_pattern_and_not_on_a_healthy_run(tmp_path):
+    params = load_params(write_detector(tmp_path / "d.json"))
+    _, alert = replay(params, list(enumerate(stream(120, at=60), 1)))
+    assert alert is not None and 60 < alert.step < 80
+    for seed in range(3):
+        assert replay(params, list(enumerate(stream(200, seed=seed), 1)))[1] is None
+    with pytest.raises(KeyError, match="needs"):  # a run that does not log a signal: said, not guessed
+        Detector(params).update(1, {K.KL_K3: 0.1})
+
+
+def test_state_roundtrip_continues_identically(tmp_path):
+    params = load_params(write_detector(tmp_path / "d.json"))
+    rows = list(enumerate(stream(90, at=40), 1))
+    a = Detector(params)
+    whole = [a.update(s, m) for s, m in rows]
+    b = Detector(params)
+    for s, m in rows[:50]:
+        b.update(s, m)
+    c = Detector(params)
+    c.load_state_dict(json.loads(json.dumps(b.state_dict())))  # as the checkpoint stores it
+    rest = [c.update(s, m) for s, m in rows[50:]]
+    assert [x[0] for x in rest] == [x[0] for x in whole[50:]]
+    assert c.warning == a.warning
+
+
+def test_detector_files_are_validated(tmp_path):
+    good = dataclasses.asdict(
+        DetectorParams(features=["kl", "ppl"], mean=[0, 0], scale=[1, 1], coef=[1, 1], intercept=0, threshold=0.5))
+    cases = {
+        "unknown feature": ({**good, "features": ["kl", "perplexity"]}, "features.1: got 'perplexity'"),
+        "lengths": ({**good, "coef": [1.0]}, "coef: got 1 values for 2 features"),
+        "scale": ({**good, "scale": [1, 0]}, "scale: got 0"),
+        "threshold": ({**good, "threshold": 2}, "threshold: got 2"),
+    }
+    for name, (data, expected) in cases.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(data))
+        with pytest.raises(ConfigError) as e:
+            load_params(p)
+        assert str(p) in str(e.value) and expected in str(e.value), (name, str(e.value))
+    with pytest.raises(ConfigError, match="no such detector file"):
+        load_params(tmp_path / "missing.json")
+    (tmp_path / "junk.json").write_text("{")
+    with pytest.raises(ConfigError, match="not a detector file"):
+        load_params(tmp_path / "junk.json")
+    # a config naming a bad detector is refused when it is loaded, before any run
+    from harness.config import load_config
+
+    with pytest.raises(ConfigError, match="no such detector file"):
+        load_config(None, [f"collapse.detector={tmp_path / 'missing.json'}"])
+
+
+def test_the_committed_detector_loads_and_names_its_provenance():
+    from harness.detector import DEFAULT_PARAMS
+
+    p = load_params(DEFAULT_PARAMS)
+    prov = p.provenance
+    assert prov["commit"] and prov["worlds"] and prov["split"]["files"] and prov["fit_runs"] >= 20
+    assert set(p.features) <= set(FEATURES) and 0 < p.threshold < 1
+
+
+# ---------------------------------------------------------------- fit and score (analysis.detector)
+def write_store(uri: str, runs: list[tuple[str, str, int, str, list[dict[str, float]]]]) -> None:
+    """Finished train runs: (figure file, variant, seed, world hash, per-step metrics)."""
+    for ablation, variant, seed, world, rows in runs:
+        rid = tracking.start_run(uri, ablation, f"{variant}-s{seed}-{world}", tags={
+            K.TAG_ROLE: "train", K.TAG_ABLATION: ablation, K.TAG_VARIANT: variant, K.TAG_SEED: str(seed),
+            K.TAG_CONFIG_HASH: f"{ablation}:{variant}:{world}", "provenance.world.hash": world})
+        tracking.log_params(uri, rid, {"collapse.margin": 0.3, "collapse.confirm": 10, "generation.max_new_tokens": 24})
+        tracking.MetricLogger(uri, rid).log_points([(k, v, s) for s, m in enumerate(rows, 1) for k, v in m.items()])
+        tracking.end_run(uri, rid, "FINISHED")
+
+
+def synthetic_runs() -> list:
+    """Collapsing runs (the pattern at steps 30-70, at two speeds) and healthy ones, on two worlds
+    and two figure files, seeds 0-5."""
+    out = []
+    for world in ("w0", "w1"):
+        for ablation in ("fitfile", "otherfile"):
+            for seed in range(6):
+                rng = np.random.default_rng(hash((world, ablation, seed)) % 2**32)
+                at = int(rng.integers(30, 70))
+                out.append((ablation, "collapses", seed, world, stream(at + 40, at=at, rate=1 + seed % 2, seed=seed)))
+                out.append((ablation, "holds", seed, world, stream(160, seed=seed + 10)))
+    return out
+
+
+def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
+    from analysis import detector as D
+
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    write_store(uri, synthetic_runs())
+    save = tmp_path / "fitted.json"
+    argv = ["--tracking-uri", uri, "--fit-world", "w0", "--fit-files", "fitfile", "--fit-seeds", "0-5",
+            "--out", str(tmp_path / "out")]
+    with pytest.raises(ConfigError, match="at least 20 runs"):  # 12 fit runs are too few to fit on
+        D.fit([r for r in D.assign(D.load_runs(uri), D.Split("w0", ["fitfile"], list(range(6)))) if r.group == "fit"])
+    assert D.main(["fit", *argv, "--save", str(save)]) == 2 and "at least 20 runs" in capsys.readouterr().err
+
+    # enough runs: the fit world and both files, seeds 0-4 (20 runs); held out: seed 5 and world w1
+    argv = ["--tracking-uri", uri, "--fit-world", "w0", "--fit-files", "fitfile,otherfile", "--fit-seeds", "0-4",
+            "--out", str(tmp_path / "out")]
+    assert D.main(["fit", *argv, "--save", str(save)]) == 0
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("held-out: recall ") and "false alarms" in last and "median lead" in last
+    ev = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    assert set(ev["groups"]) == {"fit", "held-out seeds", "held-out world: w1 (cap 24)", "held-out (all)"}
+    held = ev["groups"]["held-out (all)"]
+    assert held["runs"] == 4 + 24 and held["fell"] == held["held"] == 14
+    assert held["recall"] >= 0.9 and held["fa_rate"] <= 0.1 and held["lead_median"] > 0  # the pattern is plain here
+    assert held["recall_ci"][0] <= held["recall"] <= held["recall_ci"][1]
+    assert set(ev["baselines"]) == set(D.BASELINES) and ev["curve"]
+    assert (tmp_path / "out" / "detector.png").is_file()
+    # the fitted file reloads to the same detector, its provenance names the split and the store
+    p = load_params(save)
+    assert p.provenance["split"] == {"world": "w0", "files": ["fitfile", "otherfile"], "seeds": [0, 1, 2, 3, 4]}
+    assert p.provenance["fit_runs"] == 20 and p.provenance["fit_fell"] == 10
+    again = D.main(["evaluate", *argv, "--params", str(save)])
+    assert again == 0 and capsys.readouterr().out.strip().splitlines()[-1] == last
+
+
+def test_fit_refuses_a_store_without_gold(tmp_path, capsys):
+    from analysis import detector as D
+
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    rows = [{k: v for k, v in m.items() if k != K.GOLD_SCORE} for m in stream(40)]
+    write_store(uri, [("hh", "ppo", 0, "none", rows)])
+    assert D.main(["fit", "--tracking-uri", uri, "--out", str(tmp_path / "o")]) == 2
+    assert "no finished train run with a gold reward" in capsys.readouterr().err
+
+
+def test_signals_the_detector_reads_are_logged_by_every_run():
+    assert set(SIGNALS.values()) <= set(K.STEP_METRICS) | {K.PPL_TOKENS}
