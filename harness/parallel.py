@@ -59,6 +59,12 @@ class DistEnv:
         dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
         return out
 
+    def all_reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each named scalar summed over ranks, in one all-reduce of their float64 stack; the same
+        names back, detached (sums are read, never back-propagated)."""
+        total = self.all_reduce(torch.stack(list(sums.values())).detach().to(torch.float64))
+        return dict(zip(sums, total.unbind()))
+
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         """Concatenate equally shaped tensors from all ranks along dim 0, in rank order."""
         if not self.active:

@@ -51,9 +51,9 @@ class Batch:
     responses: list[str]
     first_perm: torch.Tensor | None = None
     """The update's first epoch's row order, drawn before scoring (the same draw, in the same order)."""
-    first_pass: dict | None = None
-    """Scoring-pass outputs for this rank's rows of the update's first minibatch that still hold their
-    autograd graph ("logprobs", "entropy", "values"): same rows, parameters not yet stepped."""
+    first_pass: Forwards | None = None
+    """Where the update's first minibatch gets its forwards: the scoring pass's, graphs kept, where it
+    could keep them (None: fresh forwards)."""
 
 
 @dataclass
@@ -75,8 +75,87 @@ class Minibatch:
     sums divided by it."""
     parts: list[slice]
     """This rank's micro-batches: rows of the minibatch."""
-    first: dict
-    """Scoring-pass graphs for this rank's rows (one micro-batch), or empty."""
+
+
+class Forwards:
+    """Where `policy_step` and `critic_step` get the policy's log-probs and entropy, and the critic's
+    values, of this rank's rows of a minibatch: the scoring pass's own forward, or a fresh one.
+
+    The update's first minibatch runs the policy and critic on rows that the scoring pass (`make_batch`)
+    ran with the same parameters. Where a graph made outside `Engine.training` may be back-propagated
+    (`Engine.keeps_graphs`: plain torch, one micro-batch per step, so one ask per minibatch) and one
+    rank holds those rows (one minibatch: a rank's share is its own rollout shard; several: one rank),
+    `scoring_policy` / `scoring_critic` forward them apart with their autograd graphs kept, and the
+    first ask for each gets the kept graph (then drops it: used once) instead of a second forward of
+    the same rows: the same numbers, one forward fewer. Every other ask runs a fresh forward.
+    """
+
+    def __init__(self, trainer: PPOTrainer, first_perm: torch.Tensor | None = None):
+        """first_perm: the update's first epoch's row order, whose first minibatch's scoring forwards
+        to keep where allowed; None: keep nothing."""
+        self.trainer = trainer
+        p, W = trainer.cfg.ppo, trainer.env.world_size
+        self.keep = first_perm is not None and trainer.policy.keeps_graphs and (p.num_minibatches == 1 or W == 1)
+        self.rows = None  # the kept rows of this rank's shard: None = all of them (one minibatch)
+        if self.keep and p.num_minibatches > 1:  # one rank: its shard is the global batch
+            self.rows = first_perm[: len(first_perm) // p.num_minibatches].sort().values.to(trainer.device)
+        self.kept: dict[str, torch.Tensor] = {}
+
+    # ---------------------------------------------------------------- make_batch: the scoring pass
+    def scoring_policy(self, seq, attn, response, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's log-probs and entropy [n, R] of all of this rank's rows (no grad), under the
+        caller's autocast; the entropy's graph is kept only for an entropy bonus."""
+        t = self.trainer
+        names = ("logprobs", "entropy") if t.cfg.ppo.entropy_coef > 0 else ("logprobs",)
+        return self._scoring(lambda s_, a_, r_: logprobs_and_entropy(t.policy, s_, a_, P, r_, t.cfg.generation.temperature,
+                                                                     pack=t.pack), seq, attn, response, names)
+
+    def scoring_critic(self, seq, attn, response, P: int) -> torch.Tensor:
+        """The critic's values [n, R] of all of this rank's rows (no grad), under the caller's autocast."""
+        t = self.trainer
+        return self._scoring(lambda s_, a_, r_: (critic_values(t.critic, s_, a_, P, t.pack).float(),),
+                             seq, attn, response, ("values",))[0]
+
+    def _scoring(self, fn, seq, attn, response, names: tuple[str, ...]) -> tuple:
+        """fn(seq, attn, response) -> tensors [n, R] (or None) for all rows, detached; the kept rows'
+        outputs, graphs and all, stored under `names` (zipped with fn's outputs)."""
+        if not self.keep:
+            return fn(seq, attn, response)
+        if self.rows is None:  # all of this rank's rows
+            with torch.enable_grad():
+                out = fn(seq, attn, response)
+            self.kept.update(zip(names, out))
+            return tuple(None if t is None else t.detach() for t in out)
+        rows = self.rows
+        with torch.enable_grad():
+            out = fn(seq[rows], attn[rows], response[rows])
+        self.kept.update(zip(names, out))
+        rest = torch.ones(len(seq), dtype=torch.bool, device=seq.device)
+        rest[rows] = False
+        others = fn(seq[rest], attn[rest], response[rest])
+        return tuple(None if a is None else torch.empty(len(seq), *a.shape[1:], dtype=a.dtype, device=a.device)
+                     .index_copy_(0, rows, a.detach()).masked_scatter_(rest[:, None], b) for a, b in zip(out, others))
+
+    # ---------------------------------------------------------------- the update
+    def policy(self, x: Minibatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's log-probs and (with an entropy bonus, else None) entropy [n, R] of x's `rows`."""
+        R, kept = x.mask.shape[1], self.kept.pop("logprobs", None)
+        if kept is not None:  # the scoring pass's forward: same rows, same parameters
+            entropy = self.kept.pop("entropy", None)
+            return kept[:, :R], None if entropy is None else entropy[:, :R]
+        t = self.trainer
+        with t.policy.training(), t.autocast:
+            return logprobs_and_entropy(t.policy, x.seq[rows], x.attn[rows], x.P, x.response[rows], t.cfg.generation.temperature,
+                                        with_entropy=t.cfg.ppo.entropy_coef > 0, pack=t.pack)
+
+    def critic(self, x: Minibatch, rows: slice) -> torch.Tensor:
+        """The critic's values [n, R] of x's `rows` (float32)."""
+        kept = self.kept.pop("values", None)
+        if kept is not None:  # the scoring pass's forward: same rows, same parameters
+            return kept[:, : x.mask.shape[1]]
+        t = self.trainer
+        with t.critic.training(), t.autocast:
+            return critic_values(t.critic, x.seq[rows], x.attn[rows], x.P, t.pack).float()
 
 
 def lr_lambda(cfg: TrainConfig, total_updates: int):
@@ -215,44 +294,18 @@ class PPOTrainer:
         t1 = time.perf_counter()
         P, T = ro.prompt_ids.shape[1], cfg.generation.temperature
         seq, attn, mask = ro.sequences, ro.attention_mask, ro.response_mask.float()
-        # The update's first minibatch runs the policy and critic on some of these rows with the same
-        # parameters: forward those rows apart, keeping their graphs for it to backprop through (one
-        # minibatch: each rank's share is its own rollout shard; several: one rank only).
-        keep = self.policy.keeps_graphs and (p.num_minibatches == 1 or self.env.world_size == 1)
-        rows = perm[: B // p.num_minibatches].sort().values.to(seq.device) if keep and p.num_minibatches > 1 else None
-        first: dict = {}
-
-        def forward(fn, name: str, *extra: str):
-            """fn(seq, attn, response) -> tensors [n, R] (or None) for all rows, graphs kept in `first`."""
-            if not keep:
-                return fn(seq, attn, ro.response_ids)
-            if rows is None:  # all of this rank's rows
-                with torch.enable_grad():
-                    out = fn(seq, attn, ro.response_ids)
-                first.update(zip((name, *extra), out))
-                return tuple(None if t is None else t.detach() for t in out)
-            with torch.enable_grad():
-                out = fn(seq[rows], attn[rows], ro.response_ids[rows])
-            first.update(zip((name, *extra), out))
-            rest = torch.ones(len(seq), dtype=torch.bool, device=seq.device)
-            rest[rows] = False
-            others = fn(seq[rest], attn[rest], ro.response_ids[rest])
-            return tuple(None if a is None else torch.empty(len(seq), *a.shape[1:], dtype=a.dtype, device=a.device)
-                         .index_copy_(0, rows, a.detach()).masked_scatter_(rest[:, None], b) for a, b in zip(out, others))
-
+        # the update's first minibatch reuses these forwards of its rows where it can (`Forwards`)
+        first = Forwards(self, perm)
         with self.autocast:
             if p.reuse_rollout_logprobs:  # old log-probs and entropy from the sampling pass: no policy forward here
                 logprobs, entropy = ro.sample_logprobs, ro.sample_entropy
             else:
-                logprobs, entropy = forward(lambda s_, a_, r_: logprobs_and_entropy(self.policy, s_, a_, P, r_, T, pack=self.pack),
-                                            "logprobs", "entropy")
-                if p.entropy_coef <= 0:
-                    first.pop("entropy", None)
+                logprobs, entropy = first.scoring_policy(seq, attn, ro.response_ids, P)
             ref_logprobs, _ = logprobs_and_entropy(self.reference, seq, attn, P, ro.response_ids, T, with_entropy=False,
                                                    pack=self.pack)
             values = torch.zeros_like(mask)
             if self.critic is not None:
-                values = forward(lambda s_, a_, r_: (critic_values(self.critic, s_, a_, P, self.pack).float(),), "values")[0]
+                values = first.scoring_critic(seq, attn, ro.response_ids, P)
         gt = self.gather
         logprobs, ref_logprobs, values = gt(logprobs.float() * mask, B), gt(ref_logprobs.float() * mask, B), gt(values * mask, B)
         entropy = gt(entropy.float(), B)
@@ -278,7 +331,7 @@ class PPOTrainer:
         )
         timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     non_score, kl, advantages, returns, prompts, responses, perm, first or None)
+                     non_score, kl, advantages, returns, prompts, responses, perm, first)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,7 +364,8 @@ class PPOTrainer:
         def add(k: str, v) -> None:
             acc.setdefault(k, []).append(float(v))
 
-        first, b.first_pass = (b.first_pass or {}), None  # scoring-pass graphs of the first minibatch
+        fresh = Forwards(self)  # asks forward afresh
+        forwards, b.first_pass = b.first_pass or fresh, None  # the first minibatch's: the scoring pass's, where kept
         for epoch in range(p.ppo_epochs):
             perm = b.first_perm if epoch == 0 else torch.randperm(B, generator=self.data_gen)
             for s in range(0, B, mb_size):
@@ -332,21 +386,19 @@ class PPOTrainer:
                     seq[i][:, : P + R], attn[i][:, : P + R], ro.response_ids[i][:, :R], m, adv,
                     b.old_logprobs[i][:, :R], b.ref_logprobs[i][:, :R], b.old_values[i][:, :R], b.returns[i][:, :R],
                     P, m.sum().clamp(min=1), parts,
-                    {k: v[:, :R] for k, v in first.items() if v is not None},
                 )
-                first = {}  # used once; frees the graphs
                 if train_policy:
-                    self.policy_step(x, add)
+                    self.policy_step(x, forwards, add)
                 if self.critic is not None:
-                    self.critic_step(x, add)
+                    self.critic_step(x, forwards, add)
+                forwards = fresh  # the scoring pass's graphs serve the first minibatch only: any left are freed
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
-    def policy_step(self, x: Minibatch, add) -> None:
+    def policy_step(self, x: Minibatch, forwards: Forwards, add) -> None:
         """One optimizer step of the policy on a minibatch. Each micro-batch back-propagates its share
         of the policy loss's `aggregate` numerator (plus eta * the KL's with kl_placement=loss) over
         the whole minibatch's denominator; the entropy term and PPO-ptx are token means alike."""
-        p, env, f64 = self.cfg.ppo, self.env, dict(dtype=torch.float64, device=self.device)
-        T, with_entropy = self.cfg.generation.temperature, p.entropy_coef > 0
+        p, env, with_entropy = self.cfg.ppo, self.env, self.cfg.ppo.entropy_coef > 0
         agg = (p.loss_aggregation, self.cfg.generation.max_new_tokens)
         den = aggregate(x.mask, x.mask, *agg)[1].clamp(min=1)  # from the mask alone: every rank knows it
         kl_coef = self.kl_ctl.value if p.kl_placement == "loss" else 0.0
@@ -355,25 +407,18 @@ class PPOTrainer:
             n_ptx = ptx[1][:, 1:].sum().clamp(min=1)
             ptx_per = ptx[0].shape[0] // (env.world_size * len(x.parts))
 
-        def forward(rows: slice):
-            if x.first.get("logprobs") is not None:  # the scoring pass's forward: same rows, same parameters
-                return x.first["logprobs"], x.first.get("entropy")
-            with self.policy.training(), self.autocast:
-                return logprobs_and_entropy(self.policy, x.seq[rows], x.attn[rows], x.P, x.response[rows], T,
-                                            with_entropy=with_entropy, pack=self.pack)
-
         # |H - target|: its gradient's sign comes from the global minibatch mean H, which must be known
         # before the first backward; with several micro-batches, a no-grad forward measures it first
         sign = None
         if with_entropy and p.entropy_target is not None and len(x.parts) > 1:
             with torch.no_grad():
-                h = sum((forward(rows)[1].float() * x.mask[rows]).sum() for rows in x.parts)
+                h = sum((forwards.policy(x, rows)[1].float() * x.mask[rows]).sum() for rows in x.parts)
             sign = torch.sign(env.all_reduce(h) / x.n_tokens - p.entropy_target)
-        tot = torch.zeros(7, **f64)  # sums of: pg loss numerator, entropy, clipped, approx-KL, ratio, ptx loss, tokens
+        tot: dict[str, torch.Tensor] = {}  # this minibatch's sums over all ranks and micro-batches
         ratios, norm = [], None
         for u, rows in enumerate(x.parts):
             mu = x.mask[rows]
-            logprobs, entropy = forward(rows)
+            logprobs, entropy = forwards.policy(x, rows)
             logprobs = logprobs.float()
             loss_tok, st = POLICY_LOSSES[p.policy_loss](
                 logprobs, x.old_logprobs[rows], x.adv[rows], clip_eps=p.clip_eps,
@@ -394,58 +439,57 @@ class PPOTrainer:
                     ptx_sum = lm_loss(self.policy, ids, pm) * pm[:, 1:].sum()
             ratio = st["ratio"]
             ratios.append((ratio, mu))
-            glob = env.all_reduce(torch.stack([
-                pg_num.detach(), ent_sum.detach(), (st["clipped"] * mu).sum(),
-                0.5 * (st["log_ratio"] ** 2 * mu).sum(), (ratio * mu).sum(), ptx_sum.detach(), mu.sum(),
-            ]).to(torch.float64))
-            tot += glob
-            if not torch.isfinite(glob[[0, 1, 5]]).all():
-                raise NonFiniteLoss(f"policy loss is non-finite (pg_loss sum {glob[0].item()}, ptx sum {glob[5].item()}); the run diverged")
+            glob = env.all_reduce_sums({
+                "pg_num": pg_num, "entropy": ent_sum, "clipped": (st["clipped"] * mu).sum(),
+                "approx_kl": 0.5 * (st["log_ratio"] ** 2 * mu).sum(), "ratio": (ratio * mu).sum(), "ptx": ptx_sum,
+                "tokens": mu.sum(),
+            })
+            tot = {k: tot.get(k, 0.0) + g for k, g in glob.items()}
+            if not all(math.isfinite(glob[k].item()) for k in ("pg_num", "entropy", "ptx")):
+                raise NonFiniteLoss(f"policy loss is non-finite (pg_loss sum {glob['pg_num'].item()}, "
+                                    f"ptx sum {glob['ptx'].item()}); the run diverged")
             loss = loss_num / den
             if with_entropy:
                 if p.entropy_target is None:
                     loss = loss - p.entropy_coef * ent_sum / x.n_tokens
                 else:
                     if sign is None:  # one micro-batch per rank: this forward saw the whole minibatch
-                        sign = torch.sign(glob[1] / x.n_tokens - p.entropy_target)
+                        sign = torch.sign(glob["entropy"] / x.n_tokens - p.entropy_target)
                     loss = loss + p.entropy_coef * sign.float() * ent_sum / x.n_tokens
             if ptx is not None:
                 loss = loss + p.ptx_coef * ptx_sum / n_ptx
             norm = self.policy.backward(loss)
-        n = tot[6].clamp(min=1)
-        r_mean = tot[4] / n
+        n = tot["tokens"].clamp(min=1)
+        r_mean = tot["ratio"] / n
         r_var = env.all_reduce(sum(((r.double() - r_mean) ** 2 * mu).sum() for r, mu in ratios))
         add(keys.GRAD_NORM_POLICY, norm)
-        add(keys.PG_LOSS, tot[0] / den)
-        add(keys.ENTROPY_LOSS, entropy_term((tot[1] / n).float(), p.entropy_coef, p.entropy_target) if with_entropy else 0.0)
+        add(keys.PG_LOSS, tot["pg_num"] / den)
+        add(keys.ENTROPY_LOSS, entropy_term((tot["entropy"] / n).float(), p.entropy_coef, p.entropy_target) if with_entropy else 0.0)
         if ptx is not None:
-            add(keys.PTX_LOSS, tot[5] / n_ptx)
-        add(keys.POLICY_CLIPFRAC, tot[2] / n)
-        add(keys.APPROX_KL, tot[3] / n)
+            add(keys.PTX_LOSS, tot["ptx"] / n_ptx)
+        add(keys.POLICY_CLIPFRAC, tot["clipped"] / n)
+        add(keys.APPROX_KL, tot["approx_kl"] / n)
         add(keys.RATIO_MEAN, r_mean)
         add(keys.RATIO_STD, (r_var / n).sqrt())
         add(keys.RATIO_MAX, env.all_reduce(torch.stack([(r * mu).max() for r, mu in ratios]).max(), "max"))
 
-    def critic_step(self, x: Minibatch, add) -> None:
+    def critic_step(self, x: Minibatch, forwards: Forwards, add) -> None:
         """One optimizer step of the critic on a minibatch (token-weighted like `policy_step`)."""
-        tot, norm = torch.zeros(2, dtype=torch.float64, device=self.device), None
+        tot: dict[str, torch.Tensor] = {}  # this minibatch's sums over all ranks and micro-batches
+        norm = None
         for rows in x.parts:
             mu = x.mask[rows]
             n_u = mu.sum()
-            if "values" in x.first:
-                v = x.first["values"]
-            else:
-                with self.critic.training(), self.autocast:
-                    v = critic_values(self.critic, x.seq[rows], x.attn[rows], x.P, self.pack).float()
+            v = forwards.critic(x, rows)
             vf_mean, vf_clipfrac = value_loss(v, x.old_values[rows], x.returns[rows], mu, self.cfg.ppo.value_clip)
-            glob = self.env.all_reduce(torch.stack([(vf_mean * n_u).detach(), vf_clipfrac.to(self.device) * n_u]).to(torch.float64))
-            tot += glob
-            if not torch.isfinite(glob[0]):
-                raise NonFiniteLoss(f"value loss is {glob[0].item()}; the run diverged")
+            glob = self.env.all_reduce_sums({"vf_loss": vf_mean * n_u, "vf_clipfrac": vf_clipfrac.to(self.device) * n_u})
+            tot = {k: tot.get(k, 0.0) + g for k, g in glob.items()}
+            if not math.isfinite(glob["vf_loss"].item()):
+                raise NonFiniteLoss(f"value loss is {glob['vf_loss'].item()}; the run diverged")
             norm = self.critic.backward(vf_mean * n_u / x.n_tokens)
         add(keys.GRAD_NORM_CRITIC, norm)
-        add(keys.VF_LOSS, tot[0] / x.n_tokens)
-        add(keys.VF_CLIPFRAC, tot[1] / x.n_tokens)
+        add(keys.VF_LOSS, tot["vf_loss"] / x.n_tokens)
+        add(keys.VF_CLIPFRAC, tot["vf_clipfrac"] / x.n_tokens)
 
     # ------------------------------------------------------------------ one step
     def rollout_metrics(self, b: Batch) -> dict[str, float]:
