@@ -87,3 +87,22 @@ def test_layers_point_one_way():
         for n in deps if rank[n.split(".")[0]] > rank[m.split(".")[0]]
     ]
     assert not bad, "lower layer imports a higher one:\n" + "\n".join(bad)
+
+
+def test_nothing_imports_the_main_job():
+    """The main job is the top of the house: reports.rerun and everything else reach the world
+    builds and grids through harness.ablate, never through harness.main."""
+    graph = import_graph()
+    assert not [m for m, deps in graph.items() if MAIN_JOB in deps]
+
+
+def test_one_definition_of_the_known_metrics_and_the_stop_file():
+    """Each rule and default has one home: the metrics a file may name (harness.keys.KNOWN_METRICS),
+    the STOP file's name (harness.keys.STOP_FILE)."""
+    import re
+
+    for path in (ROOT / "harness").rglob("*.py"):
+        text = path.read_text()
+        if path.name != "keys.py":
+            assert not re.search(r'STOP_FILE\s*=\s*"', text), f"{path} defines STOP_FILE again"
+            assert "STEP_METRICS + " not in text, f"{path} builds a list of known metrics again"
