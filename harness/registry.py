@@ -343,11 +343,11 @@ def format_axis_value(v: Any) -> str:
 def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds, --worlds): at most MAX_SEEDS seeds, each a valid config seed."""
     out: list[int] = []
-    for part in (p.strip() for p in str(text).split(",")):
+    for part in (p.strip() for p in str(text).split(",")) if str(text).strip() else []:
         a, dash, b = part.partition("-")
         if not (a.isdigit() and (b.isdigit() or not dash)):
-            what = "an empty item" if not part else repr(part)
-            raise RegistryError([f"{flag} {text!r}: {what}: expected integers like 0,1,2 or a range like 0-4"])
+            what = "an empty item between commas; " if not part else ""
+            raise RegistryError([f"{flag} {text!r}: {what}expected integers like 0,1,2 or a range like 0-4"])
         lo, hi = int(a), int(b or a)
         if not 0 <= lo <= hi < 2**31 or hi - lo >= MAX_SEEDS:
             raise RegistryError([f"{flag} {text!r}: {part!r}: allowed: seeds in 0..{2**31 - 1}, a range low-high "

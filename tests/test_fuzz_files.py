@@ -251,6 +251,8 @@ LONG = "v" * 201
 FIGURE_CLI = {  # extra arguments or file changes -> what the error says
     "seeds empty": (["--seeds", ""], "--seeds '': allowed: 1 to 1000 seeds"),
     "seeds not numbers": (["--seeds", "a,b"], "--seeds 'a,b': expected integers"),
+    "seeds empty item": (["--seeds", "1,,2"], "--seeds '1,,2': an empty item between commas"),
+    "worlds not numbers": (["--worlds", "x"], "--worlds 'x': expected integers"),
     "seeds 22 digits": (["--seeds", "1" * 22], f"--seeds '{'1' * 22}': '{'1' * 22}': allowed: seeds in 0..2147483647"),
     "seeds negative": (["--seeds", "-1"], "--seeds '-1': expected integers"),
     "seeds reversed range": (["--seeds", "5-2"], "'5-2': allowed: seeds in"),
@@ -287,7 +289,7 @@ def test_bad_figure_cli_input_is_refused_naming_flag_or_field(tmp_path, monkeypa
 
 SWEEP_CLI = {
     "trials 0": (["--trials", "0"], "--trials: got 0; allowed: an integer >= 1"),
-    "workers 0": (["--workers", "0"], "--workers: got 0"),
+    "workers negative": (["--workers", "-1"], "--workers: got -1; allowed: an integer >= 0"),  # 0: in this process
     "seeds empty": (["--set", "sweep.seeds="], "seeds: got None"),
     "seeds text": (["--set", "sweep.seeds=0,0"], "seeds: got '0,0'"),
     "seeds twice": (["--set", "sweep.seeds=[0, 0]"], "seeds: got [0, 0]; allowed: a count >= 1 or a list of distinct"),
