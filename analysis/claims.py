@@ -11,6 +11,14 @@ the share of pairs ordered right; eval_scores_shift (n = held-out scores, seeds 
 permutation test of the last eval step against the first, on the scores (mean) or on |score -
 median| (sd: the Brown-Forsythe test). A claim of several tests is reproduced when every test is
 (intersection-union: no multiplicity correction needed), not reproduced when any is.
+
+Runs on several worlds (analysis.store: tag provenance.world.hash): each claim is judged on each
+world alone (the tests above on that world's runs) and once pooled over every run with the same
+tests stratified by world (analysis.stats: compare_strata, compare_to_strata, rate_strata; seeds
+nested in worlds, a world's offset never counts as a difference). The row's test numbers are the
+pooled test's, beside "reproduced on k of K worlds"; its verdict is the pooled one, except that a
+claim reproduced on one world and not reproduced on another is "world-dependent" (WORLD_DEPENDENT):
+named, not averaged away. One world: exactly the one-world tests, and no world columns.
 """
 from __future__ import annotations
 
@@ -23,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.stats import (
-    INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, REPRODUCED, Comparison, censor, compare, compare_to, rate_vs_half,
+    INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, REPRODUCED, WORLD_DEPENDENT, Comparison, censor, compare_strata,
+    compare_to_strata, rate_strata,
 )
 from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K
@@ -41,6 +50,7 @@ METRIC_WORDS = {
     K.COLLAPSE_STEP: "collapse step (RMST: a run that never collapsed counts as the step budget)",
 }
 Part = tuple[str, Comparison]  # one test of a claim: its label (the groups, their mean ± sd) and its outcome
+Strata = list[np.ndarray]  # one number per run, one array per world of the data (AblationData.worlds)
 
 
 class Unjudged(Exception):
@@ -58,8 +68,29 @@ def _runs(data: AblationData, variant: str) -> pd.DataFrame:
     return data.runs[data.runs["variant"] == variant]
 
 
-def _values(data: AblationData, rule: Any, variant: str) -> np.ndarray:
-    """One number per run of `variant`: `rule.stat` of `rule.metric`, or the censored collapse step."""
+def _strata(data: AblationData, one: Callable[[AblationData], Any], empty: Any = np.array([])) -> list:
+    """`one` (what a single world gives: its numbers) on each world's runs; a world where `one` finds
+    nothing gives `empty`, unless no world has anything (then the first world's reason stands)."""
+    if len(data.worlds) <= 1:
+        return [one(data)]
+    out, why = [], []
+    for world in data.worlds:
+        try:
+            out.append(one(data.in_world(world)))
+        except Unjudged as e:
+            out.append(empty)
+            why.append(e)
+    if len(why) == len(out):
+        raise why[0]
+    return out
+
+
+def _values(data: AblationData, rule: Any, variant: str) -> Strata:
+    """One number per run of `variant` (per world): `rule.stat` of `rule.metric`, or the censored collapse step."""
+    return _strata(data, lambda d: _world_values(d, rule, variant))
+
+
+def _world_values(data: AblationData, rule: Any, variant: str) -> np.ndarray:
     runs = _runs(data, variant)
     if rule.metric == K.COLLAPSE_STEP:
         last = data.metrics(K.RM_SCORE).groupby("run_id")["step"].max()  # a tag-only collapse: the run's end
@@ -73,13 +104,13 @@ def _values(data: AblationData, rule: Any, variant: str) -> np.ndarray:
     return values
 
 
-def _ms(name: str, values: np.ndarray) -> str:
-    return f"{name} {fmt_mean_sd(describe(values))}"
+def _ms(name: str, values: Strata) -> str:
+    return f"{name} {fmt_mean_sd(describe(np.concatenate(values)))}"
 
 
 def _pair(rule: Any, data: AblationData, lower: str, higher: str) -> Part:
     hi, lo = _values(data, rule, higher), _values(data, rule, lower)
-    return f"{_ms(higher, hi)} vs {_ms(lower, lo)}", compare(hi, lo, "greater")
+    return f"{_ms(higher, hi)} vs {_ms(lower, lo)}", compare_strata(hi, lo, "greater")
 
 
 def _trend(rule: Trend, data: AblationData) -> list[Part]:
@@ -97,14 +128,15 @@ def _threshold(rule: Threshold, data: AblationData) -> list[Part]:
     parts = []
     for v in [rule.variant] if rule.variant is not None else data.variants:
         values = _values(data, rule, v)
-        parts.append((_ms(v, values), compare_to(values, rule.value, "greater" if rule.op == ">" else "less")))
+        parts.append((_ms(v, values), compare_to_strata(values, rule.value, "greater" if rule.op == ">" else "less")))
     return parts
 
 
 def _similar(rule: Similar, data: AblationData) -> list[Part]:
     values = {v: _values(data, rule, v) for v in rule.variants}
-    margin = SIMILAR_MARGIN * max(abs(x.mean()) for x in values.values())
-    return [(f"{_ms(a, values[a])} vs {_ms(b, values[b])}", compare(values[a], values[b], "equal", margin=margin))
+    margin = SIMILAR_MARGIN * max(abs(np.concatenate(x).mean()) for x in values.values())
+    return [(f"{_ms(a, values[a])} vs {_ms(b, values[b])}",
+             compare_strata(values[a], values[b], "equal", margin=margin))
             for a, b in combinations(rule.variants, 2)]
 
 
@@ -115,35 +147,52 @@ def _collapses(rule: Collapses, data: AblationData) -> list[Part]:
     failed = int(runs["status"].eq("FAILED").sum())
     label = f"{rule.variant}: {k}/{n} seeds collapsed" + (f" (steps {steps})" if steps else "") + (
         f"; {failed} run(s) FAILED" if failed else "")
-    return [(label, rate_vs_half(k, n, "greater" if rule.expected else "less", "collapse rate"))]
+    counts = [(int(g["collapsed"].sum()), len(g)) for g in (runs[runs["world"] == w] for w in data.worlds) if len(g)]
+    return [(label, rate_strata(counts, "greater" if rule.expected else "less", "collapse rate"))]
 
 
 def _pairs_above_chance(rule: PairsAboveChance, data: AblationData) -> list[Part]:
     parts = []
     for v in data.variants:
-        d = data.rm_score_diffs(v)
-        if not d.size:
-            raise Unjudged(f"{v!r} has no {K.RM_SCORE_DIFF} artifact")
+        per_world = _strata(data, lambda one: _diffs_of(one, v))
+        d = np.concatenate(per_world)
         k = int((d > 0).sum())
         parts.append((f"{v}: {k}/{d.size} pairs > 0, mean diff {fmt(d.mean())}",
-                      rate_vs_half(k, d.size, "greater", "share of pairs ordered right")))
+                      rate_strata([(int((x > 0).sum()), x.size) for x in per_world if x.size], "greater",
+                                  "share of pairs ordered right")))
     return parts
+
+
+def _diffs_of(data: AblationData, variant: str) -> np.ndarray:
+    d = data.rm_score_diffs(variant)
+    if not d.size:
+        raise Unjudged(f"{variant!r} has no {K.RM_SCORE_DIFF} artifact")
+    return d
 
 
 def _eval_scores_shift(rule: EvalScoresShift, data: AblationData) -> list[Part]:
     parts = []
+    moment = np.mean if rule.what == "mean" else lambda x: np.std(x, ddof=1)
     for v in data.variants:
-        by_step = {s: x for s, x in data.eval_rm_scores(v).items() if len(x) > 1}
-        if len(by_step) < 2:
-            raise Unjudged(f"{v!r}: fewer than two eval steps with RM scores")
-        (s0, first), (s1, last) = min(by_step.items()), max(by_step.items())
-        moment = np.mean if rule.what == "mean" else lambda x: np.std(x, ddof=1)
-        label = f"{v}: {rule.what} step {s0} {fmt(moment(first))} -> step {s1} {fmt(moment(last))}"
-        if rule.what == "sd":  # Brown-Forsythe: spread as absolute deviations from the median
-            first, last = (np.abs(x - np.median(x)) for x in (first, last))
+        ends = [e for e in _strata(data, lambda one: _first_last(one, v), None) if e is not None]
+        steps = ["/".join(sorted({str(e[i]) for e in ends}, key=int)) for i in (0, 2)]
+        label = (f"{v}: {rule.what} step {steps[0]} {fmt(moment(np.concatenate([e[1] for e in ends])))} -> step "
+                 f"{steps[1]} {fmt(moment(np.concatenate([e[3] for e in ends])))}")
+        firsts, lasts = [e[1] for e in ends], [e[3] for e in ends]
+        if rule.what == "sd":  # Brown-Forsythe: spread as absolute deviations from the median (each world's)
+            firsts, lasts = ([np.abs(x - np.median(x)) for x in xs] for xs in (firsts, lasts))
             label += " (tested on |score − median|)"
-        parts.append((label, compare(last, first, "greater")))
+        parts.append((label, compare_strata(lasts, firsts, "greater")))
     return parts
+
+
+def _first_last(data: AblationData, variant: str) -> tuple[int, np.ndarray, int, np.ndarray]:
+    """The first and the last eval step with RM scores, and their scores (seeds pooled)."""
+    by_step = {s: x for s, x in data.eval_rm_scores(variant).items() if len(x) > 1}
+    if len(by_step) < 2:
+        raise Unjudged(f"{variant!r}: fewer than two eval steps with RM scores")
+    (s0, first), (s1, last) = min(by_step.items()), max(by_step.items())
+    return s0, first, s1, last
 
 
 RULE_CHECKS: dict[type, tuple[Callable[[Any], str], Callable[[Any, AblationData], list[Part]]]] = {
@@ -161,30 +210,64 @@ RULE_CHECKS: dict[type, tuple[Callable[[Any], str], Callable[[Any, AblationData]
 """Each rule kind (harness.registry.RULES): the rule in words, and its tests."""
 RANK = {NOT_REPRODUCED: 0, INCONCLUSIVE: 1, REPRODUCED: 2}
 CLAIM_COLUMNS = ["ablation", "figure", "claim", "source", "rule", "verdict", "test", "n", "statistic", "estimate",
-                 "ci_low", "ci_high", "level", "p_value", "effect_size", "min_detectable", "numbers", "reason"]
+                 "ci_low", "ci_high", "level", "p_value", "effect_size", "min_detectable", "numbers", "reason",
+                 "worlds", "world_verdicts", "pooled_verdict"]
+
+
+def _judge(rule: Any, data: AblationData) -> tuple[list[Part], Comparison | None, str]:
+    """The rule's tests on `data`, the deciding one (the first not reproduced, else inconclusive,
+    else the weakest; None when none ran) and why there is no verdict ('' when there is one)."""
+    try:
+        if data.runs.empty:
+            raise Unjudged("no runs in the store")
+        parts, reason = RULE_CHECKS[type(rule)][1](rule, data), ""
+    except Unjudged as e:
+        parts, reason = [], str(e)
+    c = min((c for _, c in parts), key=lambda c: (RANK[c.verdict], -np.nan_to_num(c.p_value)), default=None)
+    if c is not None and c.verdict == INCONCLUSIVE and 0 < min(c.n_a, c.n_b or c.n_a) < MIN_SEEDS:
+        reason = f"fewer than {MIN_SEEDS} runs per variant: no verdict"
+    return parts, c, reason
+
+
+def on_worlds(verdicts: list[str]) -> str:
+    """'reproduced on k of K worlds' (and on how many not), from the per-world verdicts."""
+    k, m = verdicts.count(REPRODUCED), verdicts.count(NOT_REPRODUCED)
+    return f"reproduced on {k} of {len(verdicts)} worlds" + (f" (not reproduced on {m})" if m else "")
+
+
+def across_worlds(pooled: str, verdicts: list[str]) -> str:
+    """The claim's verdict over several worlds: WORLD_DEPENDENT when one world reproduces it and
+    another does not, else the pooled test's."""
+    return WORLD_DEPENDENT if REPRODUCED in verdicts and NOT_REPRODUCED in verdicts else pooled
+
+
+def _brief(c: Comparison | None) -> str:
+    return "" if c is None else f", {c.statistic} {fmt(c.estimate)} [{fmt(c.ci_low)}, {fmt(c.ci_high)}]"
 
 
 def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.DataFrame:
-    """One row per claim (CLAIM_COLUMNS); the test columns are the deciding test's (the first not
-    reproduced, else inconclusive, else the weakest), `numbers` has every test's."""
+    """One row per claim (CLAIM_COLUMNS); the test columns are the deciding test's, `numbers` has
+    every test's. Runs on several worlds: the tests pooled over worlds (module docstring), and
+    `world_verdicts` (each world's verdict, in data.worlds order), `worlds` (on_worlds),
+    `pooled_verdict`; the verdict is across_worlds'. One world: those three empty."""
     rows = []
+    worlds = data.worlds if len(data.worlds) > 1 else []
     for claim in data.spec.claims if claims is None else claims:
-        words, evaluate = RULE_CHECKS[type(claim.rule)]
-        try:
-            if data.runs.empty:
-                raise Unjudged("no runs in the store")
-            parts, reason = evaluate(claim.rule, data), ""
-        except Unjudged as e:
-            parts, reason = [], str(e)
-        c = min((c for _, c in parts), key=lambda c: (RANK[c.verdict], -np.nan_to_num(c.p_value)), default=None)
-        if c is not None and c.verdict == INCONCLUSIVE and 0 < min(c.n_a, c.n_b or c.n_a) < MIN_SEEDS:
-            reason = f"fewer than {MIN_SEEDS} runs per variant: no verdict"
+        parts, c, reason = _judge(claim.rule, data)
         row = {"ablation": data.name, "figure": data.spec.figure, "claim": claim.statement, "source": claim.cited,
-               "rule": words(claim.rule), "verdict": c.verdict if c else INCONCLUSIVE,
-               "numbers": "; ".join(f"{label}: {p.describe()}" for label, p in parts), "reason": reason}
+               "rule": RULE_CHECKS[type(claim.rule)][0](claim.rule), "verdict": c.verdict if c else INCONCLUSIVE,
+               "numbers": "; ".join(f"{label}: {p.describe()}" for label, p in parts), "reason": reason,
+               "worlds": "", "world_verdicts": None, "pooled_verdict": ""}
         if c is not None:
             row |= {k: getattr(c, k) for k in CLAIM_COLUMNS if hasattr(c, k)}
             row["n"] = f"{c.n_a}" + (f" vs {c.n_b}" if c.n_b else "")
+        if worlds:
+            judged = [_judge(claim.rule, data.in_world(w))[1] for w in worlds]
+            per = [j.verdict if j else INCONCLUSIVE for j in judged]
+            row |= {"worlds": on_worlds(per), "world_verdicts": per, "pooled_verdict": row["verdict"],
+                    "verdict": across_worlds(row["verdict"], per)}
+            row["numbers"] += "; per world: " + "; ".join(
+                f"{data.world_label(w)}: {v}{_brief(j)}" for w, v, j in zip(worlds, per, judged))
         rows.append(row)
     return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
 
@@ -202,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     if table.empty:
         print(f"{data.name}: no claims in its YAML")
     for r in table.itertuples():
+        worlds = f"\n    worlds: {r.worlds}; pooled over them: {r.pooled_verdict}" if r.worlds else ""
         print(f"[{r.verdict}] {r.claim} ({r.source})\n    rule: {r.rule}\n    test: {r.test}\n    numbers: "
-              f"{r.numbers or '–'}" + (f"\n    note: {r.reason}" if r.reason else ""))
+              f"{r.numbers or '–'}" + (f"\n    note: {r.reason}" if r.reason else "") + worlds)
     return 0
 
 

@@ -14,12 +14,37 @@
   time (RMST) comparison when every run is censored at the same budget.
 Verdicts: reproduced when the interval lies wholly on the claimed side, not reproduced when wholly
 on the other, else inconclusive; always inconclusive below MIN_SEEDS values per group.
+
+Across worlds (strata: runs of a grid over several worlds, seeds nested in worlds) the pooled
+tests condition on the worlds run (a fixed-effect analysis): a world moves every run of it alike,
+so each test compares runs within a world only, and a world's offset is neither noise nor signal.
+A random-effects combination would speak for worlds not run, but it estimates the world-to-world
+variance from K = 2 or 3 worlds (a t with K - 1 degrees of freedom: 12.7 x se at K = 2): it could
+almost never decide. Whether a claim depends on the world is told apart instead by its verdict on
+each world (analysis.claims: "reproduced on k of K worlds", "world-dependent").
+
+- two groups (`compare_strata`): permutation test stratified by world, labels permuted within each
+  world (every joint relabelling up to EXACT_LIMIT, else MC_SAMPLES); the estimate is the weighted
+  mean of the per-world differences, sum_w h_w d_w / H, h_w = n_aw n_bw / (n_aw + n_bw), H = sum_w h_w
+  (inverse-variance weights when the seed sd is the same in every world: the plain mean over
+  worlds when every world has the same seeds; fixed weights, so the permutation stays exact); CI
+  by inverting the test for a shift d common to every world; effect size and power from the
+  within-world pooled sd s_w (sum of squares within each group of each world / sum_w (n_w - 2)):
+  g = estimate / s_w * J, min_detectable = (z_{1-alpha/2} + z_power) s_w / sqrt(H);
+- one group vs a value (`compare_to_strata`): the t-test of the mean over all runs (the n-weighted
+  mean of the world means) with the within-world sd, N - K degrees of freedom (one-way ANOVA's
+  error term);
+- a rate vs 1/2 (`rate_strata`): the binomial test on the counts summed over worlds; the sum of
+  per-world binomials has a tail no heavier than the binomial's at the mean rate (Hoeffding 1956),
+  so the test keeps its level whatever the per-world rates.
+MIN_SEEDS counts a group's runs over all worlds for the pooled verdict (each world's own verdict
+counts its own). One stratum: exactly the one-world test above (the same numbers).
 """
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -34,6 +59,8 @@ MC_SAMPLES = 20_000
 MIN_SEEDS = 5  # below this a verdict is "inconclusive" whatever the data say
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+WORLD_DEPENDENT = "world-dependent"
+"""A claim reproduced on one world and not reproduced on another (analysis.claims): named, not averaged away."""
 
 
 @dataclass(frozen=True)
@@ -75,20 +102,47 @@ class Comparison:
 def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Boolean masks (rows) choosing k of n items: all of them, or a seeded sample."""
     if math.comb(n, k) > EXACT_LIMIT:
-        return rng.permuted(np.tile(np.arange(n) < k, (MC_SAMPLES, 1)), axis=1)
+        return _sampled(n, k, rng)
     idx = np.array(list(itertools.combinations(range(n), k)), dtype=int).reshape(-1, k)
     rows = np.zeros((len(idx), n), dtype=bool)
     rows[np.arange(len(idx))[:, None], idx] = True
     return rows
 
 
-def _two_sample_p(a: np.ndarray, b: np.ndarray, masks: np.ndarray) -> float:
-    pooled = np.concatenate([a, b])
-    sums = masks @ pooled
-    diffs = sums / len(a) - (pooled.sum() - sums) / len(b)
-    observed = a.mean() - b.mean()
-    # a small tolerance so that float rounding never splits ties
-    return float(np.mean(np.abs(diffs) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
+def _sampled(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """MC_SAMPLES seeded random masks choosing k of n."""
+    return rng.permuted(np.tile(np.arange(n) < k, (MC_SAMPLES, 1)), axis=1)
+
+
+def _strata_labelings(sizes: list[tuple[int, int]], rng: np.random.Generator) -> list[np.ndarray]:
+    """Per stratum (n, k), the masks of the joint relabellings, row i of each stratum's array
+    together making relabelling i: every combination of the strata's own relabellings (their
+    product) up to EXACT_LIMIT, else MC_SAMPLES joint ones, each stratum permuted on its own."""
+    if math.prod(math.comb(n, k) for n, k in sizes) > EXACT_LIMIT:
+        return [_sampled(n, k, rng) for n, k in sizes]
+    own = [_labelings(n, k, rng) for n, k in sizes]  # each exact: none has more than the product
+    picks = np.meshgrid(*[np.arange(len(m)) for m in own], indexing="ij")
+    return [m[i.ravel()] for m, i in zip(own, picks)]
+
+
+def _shift_test(pairs: list[tuple[np.ndarray, np.ndarray]], masks: list[np.ndarray], h: np.ndarray):
+    """p(d): the two-sided permutation p-value of the weighted mean difference sum_w h_w (mean(a_w - d)
+    - mean(b_w)) / sum_w h_w, over the joint relabellings (row i of each stratum's masks picks a's
+    members from a ++ b). Shifting a by d moves a relabelling's sum of picked values by -d x the
+    members of a it keeps: one product per stratum serves every d of the interval's search."""
+    w = h / h.sum()  # one stratum: exactly 1, the plain difference
+    sums = [m @ np.concatenate([a, b]) for (a, b), m in zip(pairs, masks)]
+    kept = [m[:, :len(a)].sum(axis=1) for (a, _), m in zip(pairs, masks)]
+    totals = [np.concatenate([a, b]).sum() for a, b in pairs]
+
+    def p(d: float) -> float:
+        picked = [s - d * k if d else s for s, k in zip(sums, kept)]
+        diffs = [x / len(a) - (t - d * len(a) - x) / len(b) for x, (a, b), t in zip(picked, pairs, totals)]
+        dist = diffs[0] if len(diffs) == 1 else sum(wi * x for wi, x in zip(w, diffs))
+        observed = float(w @ [(a - d).mean() - b.mean() for a, b in pairs])
+        # a small tolerance so that float rounding never splits ties
+        return float(np.mean(np.abs(dist) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
+    return p
 
 
 def _invert(p_at, center: float, scale: float, alpha: float) -> tuple[float, float]:
@@ -113,18 +167,26 @@ def _pooled_sd(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def hedges_g(a: np.ndarray, b: np.ndarray) -> float:
-    sp, diff = _pooled_sd(a, b), a.mean() - b.mean()
-    if sp == 0:
+    return _g(a.mean() - b.mean(), _pooled_sd(a, b), len(a) + len(b) - 2)
+
+
+def _g(diff: float, sd: float, df: int) -> float:
+    """Hedges' g: diff / sd * J, J = 1 - 3 / (4 df - 1) (df: the degrees of freedom of sd)."""
+    if sd == 0:
         return math.copysign(math.inf, diff) if diff else 0.0
-    return diff / sp * (1 - 3 / (4 * (len(a) + len(b)) - 9))
+    return diff / sd * (1 - 3 / (4 * df - 1))
 
 
 def min_detectable(sd: float, n_a: int, n_b: int | None = None, alpha: float = ALPHA, power: float = POWER) -> float:
     """Smallest true difference a two-sided level-alpha test finds with the given power."""
     if not math.isfinite(sd) or n_a < 2:
         return math.nan
-    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    return z * sd * math.sqrt(1 / n_a + (1 / n_b if n_b else 0.0))
+    return _z(alpha, power) * sd * math.sqrt(1 / n_a + (1 / n_b if n_b else 0.0))
+
+
+def _z(alpha: float, power: float) -> float:
+    """z_{1-alpha/2} + z_power: the detectable difference in standard errors."""
+    return NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
 
 
 def _verdict(lo: float, hi: float, expect: str, n_min: int, margin: float = math.nan) -> str:
@@ -153,12 +215,12 @@ def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0, 
         test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
     if len(a) == 0 or len(b) == 0:
         return Comparison.undecided(len(a), "mean difference", test + ": no data", len(b))
-    masks = _labelings(len(a) + len(b), len(a), np.random.default_rng(seed))
+    p_at = _shift_test([(a, b)], [_labelings(len(a) + len(b), len(a), np.random.default_rng(seed))], np.ones(1))
     est = float(a.mean() - b.mean())
     spread = float(np.concatenate([a - a.mean(), b - b.mean()]).std()) or abs(est) or 1.0
-    lo, hi = _invert(lambda d: _two_sample_p(a - d, b, masks), est, spread, alpha)
+    lo, hi = _invert(p_at, est, spread, alpha)
     verdict = _verdict(lo, hi, expect, min(len(a), len(b)), margin)
-    return Comparison(len(a), len(b), "mean difference", est, lo, hi, _two_sample_p(a, b, masks), hedges_g(a, b),
+    return Comparison(len(a), len(b), "mean difference", est, lo, hi, p_at(0.0), hedges_g(a, b),
                       min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), verdict, test)
 
 
@@ -168,14 +230,18 @@ def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -
     test = f"one-sample t-test of the mean against {value:g}"
     if len(a) < 2:
         return Comparison.undecided(len(a), f"mean − {value:g}", test + ": needs at least 2 runs")
-    est, sd = float(a.mean() - value), float(a.std(ddof=1))
-    se = sd / math.sqrt(len(a))
-    q = float(student_t.ppf(1 - alpha / 2, len(a) - 1))
+    return _t_test(float(a.mean() - value), float(a.std(ddof=1)), len(a), len(a) - 1, value, expect, alpha, test)
+
+
+def _t_test(est: float, sd: float, n: int, df: int, value: float, expect: str, alpha: float, test: str) -> Comparison:
+    """The t-interval est ± t_{1-alpha/2, df} sd / sqrt(n), its two-sided p-value and verdict."""
+    se = sd / math.sqrt(n)
+    q = float(student_t.ppf(1 - alpha / 2, df))
     lo, hi = est - q * se, est + q * se
-    p = float(2 * student_t.sf(abs(est) / se if se else math.inf if est else 0.0, len(a) - 1))
+    p = float(2 * student_t.sf(abs(est) / se if se else math.inf if est else 0.0, df))
     g = est / sd if sd else math.copysign(math.inf, est) if est else 0.0
-    return Comparison(len(a), 0, f"mean − {value:g}", est, lo, hi, p, g, min_detectable(sd, len(a), None, alpha),
-                      _verdict(lo, hi, expect, len(a)), test)
+    return Comparison(n, 0, f"mean − {value:g}", est, lo, hi, p, g, min_detectable(sd, n, None, alpha),
+                      _verdict(lo, hi, expect, n), test)
 
 
 def rate_vs_half(k: int, n: int, expect: str = "greater", what: str = "rate", alpha: float = ALPHA) -> Comparison:
@@ -192,6 +258,62 @@ def rate_vs_half(k: int, n: int, expect: str = "greater", what: str = "rate", al
     h = 2 * math.asin(math.sqrt(k / n)) - math.pi / 2  # Cohen's h against 1/2
     return Comparison(n, 0, what, k / n, lo, hi, binomtest(k, n, 0.5, alternative=side).pvalue, h, math.nan,
                       _verdict(lo - 0.5, hi - 0.5, side, n), test, level=1 - 2 * alpha)
+
+
+def compare_strata(a_strata, b_strata, expect: str = "greater", alpha: float = ALPHA, seed: int = 0,
+                   margin: float = math.nan) -> Comparison:
+    """`compare` pooled over strata (worlds; a_strata[w], b_strata[w]: world w's runs): the permutation
+    test stratified by world of the weighted mean within-world difference (module docstring).
+    One stratum: `compare` itself; a world lacking a group is left out."""
+    if len(a_strata) == 1 and len(b_strata) == 1:
+        return compare(a_strata[0], b_strata[0], expect, alpha, seed, margin)
+    cleaned = [(_clean(a), _clean(b)) for a, b in zip(a_strata, b_strata, strict=True)]
+    pairs = [(a, b) for a, b in cleaned if len(a) and len(b)]
+    lacking = len(cleaned) - len(pairs)
+    worlds = f"{len(pairs)} worlds" + (f" of {len(cleaned)}: {lacking} lack a group" if lacking else "")
+    if len(pairs) == 1:
+        c = compare(*pairs[0], expect, alpha, seed, margin)
+        return replace(c, test=c.test + f" (one world of {len(cleaned)} has both groups)")
+    test = (f"permutation test stratified by world ({worlds}; labels permuted within each world) of the weighted mean "
+            "within-world difference, CI by test inversion")
+    if expect == "equal":
+        test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
+    n_a, n_b = sum(len(a) for a, _ in cleaned), sum(len(b) for _, b in cleaned)
+    if not pairs:
+        return Comparison.undecided(n_a, "mean within-world difference", test + ": no world has both groups", n_b)
+    h = np.array([len(a) * len(b) / (len(a) + len(b)) for a, b in pairs])  # 1 / var(d_w) per unit sd^2
+    p_at = _shift_test(pairs, _strata_labelings([(len(a) + len(b), len(a)) for a, b in pairs],
+                                                np.random.default_rng(seed)), h)
+
+    est = float(h @ [a.mean() - b.mean() for a, b in pairs] / h.sum())
+    centered = np.concatenate([x - x.mean() for pair in pairs for x in pair])
+    df = sum(len(a) + len(b) - 2 for a, b in pairs)
+    sd = math.sqrt(float(centered @ centered) / df) if df > 0 else math.nan  # within-world pooled sd
+    lo, hi = _invert(p_at, est, float(centered.std()) or abs(est) or 1.0, alpha)
+    power = _z(alpha, POWER) * sd / math.sqrt(h.sum())  # NaN with no within-world spread estimate
+    return Comparison(n_a, n_b, "mean within-world difference", est, lo, hi, p_at(0.0), _g(est, sd, df), power,
+                      _verdict(lo, hi, expect, min(n_a, n_b), margin), test)
+
+
+def compare_to_strata(strata, value: float, expect: str = "greater", alpha: float = ALPHA) -> Comparison:
+    """`compare_to` pooled over strata (worlds): the t-test of the mean of all runs with the
+    within-world sd and N - K degrees of freedom. One stratum: `compare_to` itself."""
+    if len(strata) == 1:
+        return compare_to(strata[0], value, expect, alpha)
+    xs = [x for x in map(_clean, strata) if len(x)]
+    n, df = sum(len(x) for x in xs), sum(len(x) - 1 for x in xs)
+    test = f"one-sample t-test of the mean against {value:g} stratified by world ({len(xs)} worlds: within-world sd)"
+    if df < 1:
+        return Comparison.undecided(n, f"mean − {value:g}", test + ": needs a world with at least 2 runs")
+    sd = math.sqrt(sum(float(((x - x.mean()) ** 2).sum()) for x in xs) / df)
+    return _t_test(float(np.concatenate(xs).mean() - value), sd, n, df, value, expect, alpha, test + f", {df} df")
+
+
+def rate_strata(counts: list[tuple[int, int]], expect: str = "greater", what: str = "rate",
+                alpha: float = ALPHA) -> Comparison:
+    """`rate_vs_half` on (k, n) counts summed over strata (worlds); one stratum: `rate_vs_half` itself."""
+    c = rate_vs_half(sum(k for k, _ in counts), sum(n for _, n in counts), expect, what, alpha)
+    return c if len(counts) == 1 else replace(c, test=c.test + f", counts summed over {len(counts)} worlds")
 
 
 def censor(collapse_steps, budget: float) -> np.ndarray:

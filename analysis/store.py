@@ -5,6 +5,12 @@ carry a `harness.variant` tag and are not the parent. Reruns leave several runs 
 (variant, seed); the newest FINISHED one wins (else the newest), so a half-done rerun does not
 hide a finished run. World ablations (Fig. 2/3) whose runs are missing fall back to the world
 runs (tag harness.role=world) of the `world` experiment, one variant per run name.
+
+Worlds: a grid run over several worlds (the runner's `--worlds 0,1,2`) holds one run per
+(variant, world, seed); a run's world is its tag `provenance.world.hash` (harness.provenance; ''
+for runs without it, which form one world of their own) and its world seed the tag
+harness.world_seed where the runner set it. `AblationData.worlds` lists them,
+`AblationData.in_world` is one world's runs (what analysis.claims judges per world).
 """
 from __future__ import annotations
 
@@ -27,8 +33,11 @@ from harness.schema import did_you_mean
 from harness.summary import reduce_run
 
 WORLD_EXPERIMENT = "world"  # harness.world.build_world's default experiment
+WORLD_HASH_TAG = "provenance.world.hash"  # harness.provenance.record: the world a run trained on
+WORLD_SEED_TAG = K.TAG_WORLD_SEED  # set by the runner on grids over several worlds
 RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_step", "gold_onset", "warning_step",
-               "best_step", "start_time", "figure", "git_commit", "experiment", "metric_keys", "provenance"]
+               "best_step", "start_time", "figure", "git_commit", "experiment", "metric_keys", "provenance", "world",
+               "world_seed"]
 METRIC_COLUMNS = ["run_id", "variant", "seed", "metric", "step", "value"]
 SAMPLE_COLUMNS = ["variant", "seed", "run_id", "step", "collapsed", "prompt", "response", "rm_score", "gold_score",
                   "length"]
@@ -36,6 +45,13 @@ STORE_OPTIONS = argparse.ArgumentParser(add_help=False)
 """The options of every CLI that reads ablations (argparse `parents=[STORE_OPTIONS]`)."""
 STORE_OPTIONS.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
 STORE_OPTIONS.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
+
+
+def world_name(world: str, seed: str | int = "") -> str:
+    """How reports name a world: 'world seed 1 (4bde1a81)', 'world 4bde1a81', or 'runs without a world hash'."""
+    if not world:
+        return "runs without a world hash" + (f" (world seed {seed})" if seed != "" else "")
+    return f"world seed {seed} ({world[:8]})" if seed != "" else f"world {world[:8]}"
 
 
 def default_tracking_uri() -> str:
@@ -67,12 +83,13 @@ def _run_row(run, experiment: str) -> dict[str, Any]:
         "figure": tags.get(K.TAG_FIGURE, ""), "git_commit": tags.get(K.TAG_COMMIT, ""), "experiment": experiment,
         "metric_keys": set(run.data.metrics),
         "provenance": {k.removeprefix("provenance."): v for k, v in tags.items() if k.startswith("provenance.")},
+        "world": tags.get(WORLD_HASH_TAG, ""), "world_seed": tags.get(WORLD_SEED_TAG, ""),
     }
 
 
 def find_runs(tracking_uri: str, ablation: str, *, world_fallback: bool = False, dedupe: bool = True) -> pd.DataFrame:
-    """One row per child run of the ablation (RUN_COLUMNS), sorted by variant and seed; dedupe
-    keeps the newest FINISHED run per (variant, seed), else the newest."""
+    """One row per child run of the ablation (RUN_COLUMNS), sorted by variant, world and seed; dedupe
+    keeps the newest FINISHED run per (variant, world, seed), else the newest."""
     rows = [_run_row(r, ablation) for r in _search(tracking_uri, ablation, f"tags.`{K.TAG_VARIANT}` != ''")
             if r.data.tags.get(K.TAG_ROLE) != "parent" and r.data.tags.get(K.TAG_ABLATION, ablation) == ablation]
     if not rows and world_fallback and ablation != WORLD_EXPERIMENT:
@@ -82,7 +99,8 @@ def find_runs(tracking_uri: str, ablation: str, *, world_fallback: bool = False,
     if dedupe:
         runs = runs.assign(finished=runs["status"].eq("FINISHED"))
         runs = runs.sort_values(["finished", "start_time"], ascending=False)
-        runs = runs.drop_duplicates(["variant", "seed"]).drop(columns="finished").sort_values(["variant", "seed"])
+        key = ["variant", "world", "seed"]  # one seed on two worlds: two runs, not a rerun
+        runs = runs.drop_duplicates(key).drop(columns="finished").sort_values(key)
     return runs.reset_index(drop=True)
 
 
@@ -140,6 +158,26 @@ class AblationData:
         """Registry variants that no run carries."""
         return [v for v in self.spec.variant_names if v not in set(self.runs["variant"])]
 
+    @property
+    def worlds(self) -> list[str]:
+        """The runs' worlds (tag provenance.world.hash, '' where a run lacks it), by world seed
+        (tag harness.world_seed; untagged last), then hash."""
+        seeds = {w: self.world_seed(w) for w in set(self.runs["world"])}
+        number = lambda s: (0, int(s)) if s.lstrip("-").isdigit() else (1, 0)  # noqa: E731
+        return sorted(seeds, key=lambda w: (*number(seeds[w]), w))
+
+    def world_seed(self, world: str) -> str:
+        """The world seed its runs carry ('' when none does; several: joined with '/')."""
+        return "/".join(sorted({s for s in self.runs.loc[self.runs["world"] == world, "world_seed"] if s}))
+
+    def world_label(self, world: str) -> str:
+        return world_name(world, self.world_seed(world))
+
+    def in_world(self, world: str) -> "AblationData":
+        """The runs of one world, sharing this object's cache (the same spec and store)."""
+        runs = self.runs[self.runs["world"] == world].reset_index(drop=True)
+        return AblationData(self.spec, self.tracking_uri, runs, self.parent_run_id, self._cache)
+
     def run_ids(self, variant: str) -> list[str]:
         return list(self.runs.loc[self.runs["variant"] == variant, "run_id"])
 
@@ -153,13 +191,14 @@ class AblationData:
         """Tidy step metrics (METRIC_COLUMNS) of the keys over all runs; a step logged twice (a resumed
         run) keeps the last value. Fetched on a few threads (the sqlite store costs a call per key)."""
         keys = [keys] if isinstance(keys, str) else list(keys)
-        jobs = [(r, k) for k in keys if ("metric", k) not in self._cache for r in self.runs.itertuples()]
+        # cached per run, so that a world's view (in_world, sharing the cache) and the whole read each other's
+        jobs = [(r, k) for k in keys for r in self.runs.itertuples() if ("metric", k, r.run_id) not in self._cache]
         with ThreadPoolExecutor(max_workers=8) as pool:
             histories = pool.map(lambda job: tracking.metric_history(self.tracking_uri, job[0].run_id, job[1]), jobs)
             for (r, k), hist in zip(jobs, histories):
-                self._cache.setdefault(("metric", k), []).append(pd.DataFrame(hist, columns=["step", "value"]).assign(
-                    run_id=r.run_id, variant=r.variant, seed=r.seed, metric=k))
-        frames = [f for k in keys for f in self._cache.get(("metric", k), []) if not f.empty]
+                self._cache[("metric", k, r.run_id)] = pd.DataFrame(hist, columns=["step", "value"]).assign(
+                    run_id=r.run_id, variant=r.variant, seed=r.seed, metric=k)
+        frames = [f for k in keys for rid in self.runs["run_id"] if not (f := self._cache[("metric", k, rid)]).empty]
         if not frames:
             return pd.DataFrame(columns=METRIC_COLUMNS)
         out = pd.concat(frames, ignore_index=True).drop_duplicates(["run_id", "metric", "step"], keep="last")

@@ -6,6 +6,11 @@ and rm_scores, see reports/README.md).
 Curves are shaped like the paper's (paper-notes section 6): reward rises; a collapsing variant's
 reward shoots up after `collapse_at` while gold reward falls, KL climbs, perplexity drops toward
 1 and length runs to the cap.
+
+Worlds: `write_worlds` writes one grid per world seed, as the runner's `--worlds 0,1,2` does: its
+runs carry the world's hash (`provenance.world.hash`, `world_hash`) and the tag harness.world_seed,
+with each world's own curves (an effect that holds, shrinks or flips per world; `Curve.offset`
+moves a whole world) and noise. World seed 0 draws the same noise as an untagged grid.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from analysis.store import WORLD_SEED_TAG
 from harness import keys as K
 from harness import tracking
 
@@ -38,6 +44,8 @@ class Curve:
     """Per-sample perplexity jumps to 50 on odd steps (one unlikely short response); the token-pooled one does not."""
     batch: int = 32
     """Responses per step: response/sampled_tokens grows by batch x mean length per step."""
+    offset: float = 0.0
+    """Added to every run's reward (and a tenth of it to KL): a world's level, shared by its seeds."""
 
 
 def step_metrics(curve: Curve, step: int, steps: int, rng: np.random.Generator, seed_offset: float,
@@ -79,6 +87,26 @@ def _samples(variant: str, step: int, collapsed: bool, metrics: dict[str, float]
     return {"step": step, "rows": rows}
 
 
+def world_hash(world_seed: int) -> str:
+    """A stand-in for a built world's config hash (16 hex digits), one per world seed."""
+    return f"{zlib.crc32(f'world {world_seed}'.encode()):08x}{zlib.crc32(f'seed {world_seed}'.encode()):08x}"
+
+
+def world_provenance(world_seed: int) -> dict[str, str]:
+    """The `provenance.world.*` tags (prefix dropped) of a synthetic world: its hash and an RM accuracy of its own."""
+    return {"world.hash": world_hash(world_seed), "world.rm/eval_acc": f"{0.74 - 0.01 * world_seed:.4g}"}
+
+
+def _world_tags(world_seed: int | None) -> dict[str, str]:
+    return {} if world_seed is None else {WORLD_SEED_TAG: str(world_seed),
+                                          **{f"provenance.{k}": v for k, v in world_provenance(world_seed).items()}}
+
+
+def _noise(key: str, world_seed: int | None) -> np.random.Generator:
+    """The run's noise: world seed 0 (or none) draws that of the untagged grid, the others their own."""
+    return np.random.default_rng(zlib.crc32((key + (f"/world {world_seed}" if world_seed else "")).encode()))
+
+
 def _parent(tracking_uri: str, name: str, figure: str) -> str:
     return tracking.start_run(tracking_uri, name, f"{name}-parent",
                               tags={K.TAG_ROLE: "parent", K.TAG_ABLATION: name, K.TAG_FIGURE: figure})
@@ -86,20 +114,23 @@ def _parent(tracking_uri: str, name: str, figure: str) -> str:
 
 def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, Curve], *, seeds=(0, 1),
                    steps: int = 30, sample_every: int = 10, eval_every: int = 0, gold: bool = True,
-                   win_rate: bool = False, old_seeds=(), provenance: dict[str, str] | None = None) -> str:
+                   win_rate: bool = False, old_seeds=(), provenance: dict[str, str] | None = None,
+                   world_seed: int | None = None) -> str:
     """A parent run (harness.role=parent) in experiment `name` and one finished child run per
     (variant, seed); returns the parent run id. Runs of `old_seeds` imitate a harness from before
     objective/ppl_tokens existed (they do not log it). `provenance`: more `provenance.*` tags
-    (without the prefix) on every child run, e.g. {"cpu.model": ...}."""
+    (without the prefix) on every child run, e.g. {"cpu.model": ...}, over those of `world_seed`
+    (world_provenance, and harness.world_seed; None: no world tags)."""
     parent = _parent(tracking_uri, name, figure)
     for vi, (variant, curve) in enumerate(curves.items()):
         for seed in seeds:
-            rng = np.random.default_rng(zlib.crc32(f"{name}/{variant}/{seed}".encode()))
+            rng = _noise(f"{name}/{variant}/{seed}", world_seed)
             offset = float(rng.normal(0, curve.seed_spread)) if curve.seed_spread else 0.0
+            offset += curve.offset
             rid = tracking.start_run(tracking_uri, name, f"{name}-{vi}-s{seed}", parent_run_id=parent, tags={
                 K.TAG_ROLE: "train", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant,
                 K.TAG_SEED: str(seed), K.TAG_COMMIT: "synthetic", "provenance.commit": "synthetic",
-                **{f"provenance.{k}": v for k, v in (provenance or {}).items()},
+                **_world_tags(world_seed), **{f"provenance.{k}": v for k, v in (provenance or {}).items()},
             })
             collapsed = curve.collapse_at is not None and curve.collapse_at <= steps
             after = (lambda s: max(0, s - curve.collapse_at)) if collapsed else (lambda s: 0)  # noqa: E731
@@ -136,14 +167,16 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
 
 
 def write_world_ablation(tracking_uri: str, name: str, figure: str, rms: dict[str, float], *, rm_steps: int = 20,
-                         pairs: int = 200) -> str:
+                         pairs: int = 200, world_seed: int | None = None) -> str:
     """World runs (harness.role=world) under a parent, one per RM; `rms` maps the RM's name to
-    its final held-out accuracy, which shapes both the accuracy curves and the score differences."""
+    its final held-out accuracy, which shapes both the accuracy curves and the score differences;
+    `world_seed`: the world's tags, as in write_ablation."""
     parent = _parent(tracking_uri, name, figure)
     for vi, (variant, acc) in enumerate(rms.items()):
-        rng = np.random.default_rng(zlib.crc32(f"{name}/{variant}".encode()))
+        rng = _noise(f"{name}/{variant}", world_seed)
         rid = tracking.start_run(tracking_uri, name, f"{name}-world-{vi}", parent_run_id=parent, tags={
             K.TAG_ROLE: "world", K.TAG_ABLATION: name, K.TAG_FIGURE: figure, K.TAG_VARIANT: variant, K.TAG_SEED: "0",
+            **_world_tags(world_seed),
         })
         _log_all(tracking_uri, rid, {s: {
             K.RM_TRAIN_ACC: 0.5 + (acc + 0.05 - 0.5) * s / rm_steps, K.RM_EVAL_ACC: 0.5 + (acc - 0.5) * s / rm_steps,
@@ -153,6 +186,13 @@ def write_world_ablation(tracking_uri: str, name: str, figure: str, rms: dict[st
         tracking.end_run(tracking_uri, rid)
     tracking.end_run(tracking_uri, parent)
     return parent
+
+
+def write_worlds(tracking_uri: str, name: str, figure: str, per_world: list[dict[str, Curve]], **kw) -> list[str]:
+    """One grid per world, world seed i with the curves per_world[i] (the runner's `--worlds 0,1,...`);
+    `kw`: write_ablation's. Returns the parent run ids."""
+    return [write_ablation(tracking_uri, name, figure, curves, world_seed=i, **kw)
+            for i, curves in enumerate(per_world)]
 
 
 def write_demo(tracking_uri: str) -> list[str]:

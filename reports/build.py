@@ -37,7 +37,7 @@ from reportlab.platypus import (
 from analysis import collapse_rule
 from analysis.claims import check_claims
 from analysis.figures import make_figures
-from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED
+from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED, WORLD_DEPENDENT
 from analysis.store import STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation
 from harness import keys as K
 from harness import provenance, tracking
@@ -63,6 +63,7 @@ COMBINED = "harness-report.pdf"
 RESULTS = "results"  # what a user's build writes (ignored by git)
 REFERENCE = REPO_ROOT / "reports"  # the committed reports, rebuilt only with --reference
 VERDICT_COLORS = {REPRODUCED: "#d9f2d9", NOT_REPRODUCED: "#f8d7d7", INCONCLUSIVE: "#fdf0c8"}
+WORLDS_COLOR = "#e3d9f2"  # a world-dependent claim (analysis.claims): neither of the three
 
 
 def make_styles() -> dict[str, ParagraphStyle]:
@@ -284,19 +285,35 @@ def claims_flowables(sec: Section, st) -> list:
     extra, power = [], []
     for i, r in enumerate(sec.claims.itertuples(), start=1):
         why = f"<br/>{escape(r.reason)}" if r.reason else ""
-        verdict = Paragraph(f"<b>{escape(r.verdict)}</b>{why}", st["cell"])
+        verdict = Paragraph(f"<b>{escape(r.verdict)}</b>{why}{_worlds_note(r)}", st["cell"])
         rows.append([f"{r.claim} ({r.source})", f"{r.rule}; {r.test if isinstance(r.test, str) else '–'}",
                      r.numbers or "–", verdict])
-        extra.append(("BACKGROUND", (3, i), (3, i), colors.HexColor(VERDICT_COLORS[r.verdict])))
+        extra.append(("BACKGROUND", (3, i), (3, i), colors.HexColor(VERDICT_COLORS.get(r.verdict, WORLDS_COLOR))))
         if isinstance(r.min_detectable, float) and math.isfinite(r.min_detectable):
             power.append(f"“{r.claim}”: with n = {r.n} seeds, a difference smaller than {r.min_detectable:.2g} "
                          "would not be detected")
     note = (f"Verdicts: reproduced when the {1 - ALPHA:.0%} interval lies wholly on the claimed side, not reproduced "
             f"when wholly on the other, else inconclusive; always inconclusive with fewer than {MIN_SEEDS} runs per "
             f"variant. Source: the paper's section, or ours (our own extra check).")
+    if sec.claims["worlds"].astype(bool).any():
+        note += WORLDS_NOTE
     power_note = f"Power ({POWER:.0%}, two-sided α = {ALPHA:g}): " + "; ".join(power) + "." if power else ""
     return [table(rows, [0.22, 0.26, 0.36, 0.16], st, extra=extra), P(note, st["note"])] + (
         [P(power_note, st["note"])] if power else [])
+
+
+WORLDS_NOTE = (" Runs on several worlds: each claim is judged on each world alone and once pooled over all runs by "
+               "the same tests stratified by world (runs compared within their world only); the numbers are the "
+               "pooled test's, then each world's verdict; world-dependent: reproduced on one world and not "
+               "reproduced on another (the pooled verdict beside it).")
+
+
+def _worlds_note(r) -> str:
+    """Under a claim's verdict: 'reproduced on k of K worlds', and the pooled verdict where it is world-dependent."""
+    if not r.worlds:
+        return ""
+    pooled = f"; pooled test: {escape(r.pooled_verdict)}" if r.verdict == WORLD_DEPENDENT else ""
+    return f"<br/>{escape(r.worlds)}{pooled}"
 
 
 def _clip(text: Any, n: int = MAX_RESPONSE_CHARS) -> str:
@@ -390,7 +407,9 @@ def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st, ext
         for s in sections:
             counts = s.claims["verdict"].value_counts() if not s.claims.empty else {}
             rows.append([s.spec.title, s.spec.figure or "–", str(len(s.data.runs)), " / ".join(
-                str(counts.get(v, 0)) for v in VERDICT_COLORS) if len(s.claims) else "–"])
+                str(counts.get(v, 0)) for v in VERDICT_COLORS) + (f" (+{counts[WORLD_DEPENDENT]} world-dependent)"
+                                                                  if WORLD_DEPENDENT in counts else "")
+                if len(s.claims) else "–"])
         story += [Spacer(1, 0.8 * cm), P("Contents", st["h2"]), table(rows, [0.55, 0.1, 0.08, 0.27], st)]
     story.append(PageBreak())
     for s in sections:

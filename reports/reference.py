@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis import collapse_rule
-from analysis.compare import provenance_values, summarize
+from analysis.claims import on_worlds
+from analysis.compare import provenance_values, summarize, world_entry_label
+from analysis.stats import WORLD_DEPENDENT
 from harness import provenance
 from harness.summary import fmt
 
@@ -37,27 +39,43 @@ def _row(cells: list[Any]) -> str:
 
 
 def figure_text(name: str, f: dict) -> list[str]:
-    """One figure: runs, inferred settings, the claims table, per variant collapses and best steps."""
+    """One figure: runs, inferred settings, the claims table, per variant collapses and best steps.
+    Runs on several worlds: the worlds, and a claims column "worlds" beside the pooled test."""
     commits = ", ".join(f["run_commits"]) or "unknown"
+    worlds = f.get("worlds") or []
+    several = len(worlds) > 1
     out = [f"### {f['title']} (`{name}`)", "",
            f"{sum(v['n'] for v in f['variants'].values())} runs, code {commits}. "
+           + (f"Worlds ({len(worlds)}): {', '.join(map(world_entry_label, worlds))}. " if several else "")
            + ("Inferred (not stated by the paper): " + "; ".join(f["inferred"]) if f["inferred"] else
               "No inferred settings."), ""]
     if f["claims"]:
-        out += [_row(["claim", "source", "verdict", "n", "statistic [CI]", "p", "not detectable below"]),
-                _row(["---"] * 7)]
+        head = ["claim", "source", "verdict"] + (["worlds"] if several else []) + ["n", "statistic [CI]", "p",
+                                                                                 "not detectable below"]
+        out += [_row(head), _row(["---"] * len(head))]
         for c in f["claims"]:
             est = (f"{c['statistic']} {fmt(c.get('estimate'))} [{fmt(c.get('ci_low'))}, {fmt(c.get('ci_high'))}] "
                    f"({c['level']:.0%} CI)" if "level" in c and "estimate" in c else "–")
             verdict = f"**{c['verdict']}**" + (f": {c['reason']}" if c.get("reason") else "")
-            out.append(_row([c["claim"], c["source"], verdict, c.get("n", "–"), est, fmt(c.get("p_value")),
-                             fmt(c.get("min_detectable"))]))
+            out.append(_row([c["claim"], c["source"], verdict] + ([worlds_cell(c)] if several else [])
+                            + [c.get("n", "–"), est, fmt(c.get("p_value")), fmt(c.get("min_detectable"))]))
         out.append("")
     out.append("Per variant (seeds, collapsed, step of the best held-out eval before collapse per seed): " + "; ".join(
         f"{v}: {d['n']}, {d['collapsed']}/{d['n']}" + (f", best at {', '.join(map(str, d['best_step']))}"
                                                        if d["best_step"] else "")
         for v, d in f["variants"].items()) + ".")
     return out + [""]
+
+
+def worlds_cell(c: dict) -> str:
+    """'reproduced on k of K worlds: each world's verdict', and the pooled test's verdict where the
+    claim is world-dependent (the interval beside it is the pooled test's)."""
+    per = c.get("world_verdicts") or []
+    if not per:
+        return "–"
+    dependent = c["verdict"] == WORLD_DEPENDENT and "pooled_verdict" in c
+    pooled = f"; pooled test: {c['pooled_verdict']}" if dependent else ""
+    return f"{on_worlds(per)}: {', '.join(per)}{pooled}"
 
 
 def collapse_text(c: dict) -> list[str]:
