@@ -40,6 +40,8 @@ class Curve:
     """Per-seed offset scale added to reward and KL (wide = claims turn inconclusive)."""
     gold_fall: float = 0.2
     """Gold lost per step after `collapse_at` (0: gold holds while the indicators collapse)."""
+    warn_at: int | None = None
+    """The step the early-warning detector warns (logged as collapse/warning_step), or None."""
     ppl_spikes: bool = False
     """Per-sample perplexity jumps to 50 on odd steps (one unlikely short response); the token-pooled one does not."""
     batch: int = 32
@@ -145,6 +147,10 @@ def write_ablation(tracking_uri: str, name: str, figure: str, curves: dict[str, 
                     m[K.EVAL_WIN_RATE] = float(np.clip(0.5 + 0.01 * s - 0.05 * after(s), 0, 1))
             if collapsed:
                 per_step[curve.collapse_at][K.COLLAPSE_STEP] = curve.collapse_at
+                if gold and curve.gold_fall:  # as the trainer logs the gold truth: the onset's step, as a value
+                    per_step[curve.collapse_at][K.GOLD_ONSET] = curve.collapse_at
+            if curve.warn_at is not None and curve.warn_at <= steps:
+                per_step[curve.warn_at][K.WARNING_STEP] = curve.warn_at
             _log_all(tracking_uri, rid, per_step)
             for s in sorted({*(range(sample_every, steps + 1, sample_every) if sample_every else []), steps}):
                 late = collapsed and s >= curve.collapse_at

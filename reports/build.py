@@ -274,7 +274,7 @@ def _leads(runs: pd.DataFrame) -> str:
     lead = (runs["gold_onset"] - runs["warning_step"]).dropna()
     if lead.empty:
         return "–"
-    return fmt(lead.median()) + (f" ({fmt(lead.min())} to {fmt(lead.max())})" if len(lead) > 1 else "")
+    return fmt(lead.median()) + (f" ({fmt(lead.min())} to {fmt(lead.max())})" if lead.nunique() > 1 else "")
 
 
 def claims_flowables(sec: Section, st) -> list:

@@ -378,7 +378,27 @@ def test_collapse_markers_and_win_rate_on_the_reward_axis(env):
     right = drawn.axes[f"{K.EVAL_WIN_RATE} (right axis)"]
     assert len(right.get_lines()) == 1 and right.get_ylim() == (0, 1)
     legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
-    assert "collapse detected" in legend and any("rolling mean over 3" in t for t in legend)
+    assert "collapse" in legend and any("rolling mean over 3" in t for t in legend)
+
+
+def test_the_gold_onset_and_the_warning_have_their_own_markers_and_counts(tmp_path):
+    from harness.registry import Registry, Variant
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    write_ablation(uri, "warned", "4", {"early": Curve(collapse_at=30, warn_at=22), "silent": Curve(collapse_at=30),
+                                        "false alarm": Curve(warn_at=15)}, seeds=[0, 1], steps=40, sample_every=0)
+    d = load_ablation(Registry(name="warned", figure="4", variants=[Variant(v, {}) for v in ("early", "silent",
+                      "false alarm")], panels=[K.RM_SCORE]), uri)
+    drawn = draw_ablation(d)
+    marks = [(ln.get_marker(), ln.get_xdata()[0]) for ln in drawn.axes[K.RM_SCORE].get_lines()
+             if ln.get_label() == "_collapse"]
+    assert sorted(marks) == sorted([("X", 30)] * 4 + [("^", 22)] * 2 + [("^", 15)] * 2)
+    legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
+    assert "collapse: gold onset" in legend and "early warning (no gold used)" in legend
+    table = final_peak_table(d).set_index("variant")
+    assert table.loc["early", "warned"] == "2/2" and table.loc["early", "lead"] == "8"
+    assert table.loc["silent", "warned"] == "0/2" and table.loc["silent", "lead"] == "–"
+    assert table.loc["false alarm", "warned"] == "2/2" and table.loc["false alarm", "lead"] == "–"
 
 
 def test_table_perplexity_follows_the_figure(env):
