@@ -378,7 +378,7 @@ def test_collapse_markers_and_win_rate_on_the_reward_axis(env):
     right = drawn.axes[f"{K.EVAL_WIN_RATE} (right axis)"]
     assert len(right.get_lines()) == 1 and right.get_ylim() == (0, 1)
     legend = [t.get_text() for t in drawn.fig.legends[0].get_texts()]
-    assert "collapse" in legend and any("rolling mean over 3" in t for t in legend)
+    assert "collapse: gold onset" in legend and any("rolling mean over 3" in t for t in legend)
 
 
 def test_the_gold_onset_and_the_warning_have_their_own_markers_and_counts(tmp_path):
