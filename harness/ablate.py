@@ -635,6 +635,7 @@ def preflight(reg: Registry) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.list:

@@ -331,7 +331,11 @@ def format_axis_value(v: Any) -> str:
 def parse_seeds(text: str) -> list[int]:
     """'0,1,2' or '0-2' -> [0, 1, 2] (for --seeds): at most MAX_SEEDS seeds, each a valid config seed."""
     out: list[int] = []
-    for part in filter(None, (p.strip() for p in str(text).split(","))):
+    parts = [p.strip() for p in str(text).split(",")]
+    if "" in parts and any(parts):  # '1,,2' or '0,': a seed left out, not a list to guess from
+        raise RegistryError([f"--seeds {text!r}: an empty item between commas; allowed: integers like 0,1,2 or a "
+                             "range like 0-4"])
+    for part in filter(None, parts):
         a, dash, b = part.partition("-")
         if not (a.isdigit() and (b.isdigit() or not dash)):
             raise RegistryError([f"--seeds {text!r}: expected integers like 0,1,2 or a range like 0-4"])
@@ -407,6 +411,9 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
     variants = list(by_name.values())
     if fs.grid is not None:
         axes = flat_settings(fs.grid.axes, leaves, f"{where}grid.axes", problems)
+        for k, v in axes.items():
+            if not (isinstance(v, list) and v):  # no value: the product would silently have no points
+                problems.append(f"{where}grid.axes.{k}: got {v!r}; allowed: a list of at least one value")
         axes = {k: v for k, v in axes.items() if isinstance(v, list) and v}
         template = fs.grid.name or " ".join(f"{k}={{{k}}}" for k in axes)
         for field_name in re.findall(r"\{([^{}]+)\}", template):
