@@ -36,6 +36,7 @@ from analysis.stats import (
 )
 from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K
+from harness import tracking
 from harness.registry import (
     Claim, Collapses, Compare, EvalScoresShift, PairsAboveChance, Similar, Threshold, Trend, UnknownAblation,
 )
@@ -273,6 +274,7 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m analysis.claims", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablation", help="registry name or YAML path (its `claims:` are checked)")
     args = ap.parse_args(argv)
@@ -281,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     except UnknownAblation as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if data.spec.claims and data.runs.empty:  # every verdict would be "no data": say so and fail
+        print(f"error: {data.name}: the store {tracking.redact(data.tracking_uri)} holds no runs of it; run "
+              f"`python -m harness.ablate {data.name}` first", file=sys.stderr)
+        return 1
     table = check_claims(data)
     if table.empty:
         print(f"{data.name}: no claims in its YAML")

@@ -22,7 +22,8 @@ another (another CPU builds another world from the same config): your verdicts a
 the pooled ones (and named when one of the reference's worlds gave them), your means with the
 reference's world-to-world band (`world_band`: a 95% prediction interval for one more world's seed
 mean), beside the seed band of the reference's first world; the totals say which band was used.
-Exit status 0 when the comparison ran (agreement is information, not an error), 2 on bad input.
+Exit status 0 when the comparison ran (agreement is information, not an error), 1 when it had
+nothing to compare (a figure named that the store holds no runs of, or none in both), 2 on bad input.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from analysis.store import (
     STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation, world_name,
 )
 from harness import keys as K
+from harness import tracking
 from harness.registry import REPO_ROOT, UnknownAblation
 from harness.summary import describe
 
@@ -318,6 +320,7 @@ def after_run(name: str, tracking_uri: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m analysis.compare", parents=[STORE_OPTIONS], description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
@@ -341,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    total_c, total_m, differ = [], [], {}
+    total_c, total_m, differ, empty = [], [], {}, []
     for name, d in data.items():
         if d.runs.empty:
+            empty.append(name)
             print(f"{name}: no runs in the store; not compared")
             continue
         differ.update(dict.fromkeys(machine_differences(doc.get("provenance") or {}, d.runs)))
@@ -362,7 +366,16 @@ def main(argv: list[str] | None = None) -> int:
         print("  the world is built on your CPU, and another CPU model's float rounding builds another world\n"
               "  (another RM, other runs): bands can miss and some verdicts can differ for that reason alone\n"
               "  (README: Check your results against the reference).")
+    if len(empty) == len(data):  # asked for a comparison and compared nothing
+        print(f"error: nothing to compare: the store {tracking.redact(uri)} holds no runs of "
+              + (", ".join(empty) if empty else f"any figure in {args.reference} ({', '.join(sorted(ref))})"),
+              file=sys.stderr)
+        return 1
     print(f"\n{totals(total_c, total_m)}")
+    if empty and args.ablations:
+        print(f"error: {', '.join(empty)}: the store {tracking.redact(uri)} holds no runs of "
+              f"{'them' if len(empty) > 1 else 'it'}; not compared", file=sys.stderr)
+        return 1
     return 0
 
 

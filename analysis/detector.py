@@ -432,6 +432,7 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "evaluate" and args.summary:

@@ -342,6 +342,7 @@ def make_figures(ablation, tracking_uri: str | None = None, smooth_k: int = 1, o
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m analysis.figures", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
     ap.add_argument("--smooth", type=int, default=1, metavar="K",

@@ -194,6 +194,7 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description=__doc__)
     p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the train config's default)")

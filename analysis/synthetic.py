@@ -214,6 +214,7 @@ def write_demo(tracking_uri: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m analysis.synthetic", description=__doc__)
     ap.add_argument("--tracking-uri", required=True, help="MLflow store to write to, e.g. sqlite:///demo.db")
     args = ap.parse_args(argv)

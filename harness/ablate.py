@@ -446,7 +446,7 @@ def preflight(reg: Registry) -> list[str]:
     for r in reg.runs:  # the hardware rules read every section; the inputs only model and data
         d = to_dict(r.cfg)
         for check, key in ((check_hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
-                           (check_inputs, [d["model"], d["data"]])):
+                           (check_inputs, [d["model"], d["data"], d["generation"]])):
             if (k := (check.__name__, json.dumps(key, sort_keys=True, default=str))) not in seen:
                 seen.add(k)
                 found = [p for p in check(r.cfg) if not (r.cfg.data.world_dir in built_by_runner and "no built world" in p
@@ -458,6 +458,7 @@ def preflight(reg: Registry) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.list:

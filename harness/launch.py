@@ -26,7 +26,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import keys, tracking
+from . import keys, statefile, tracking
 from .config import TrainConfig, load_config, to_yaml
 from .schema import ConfigError
 
@@ -201,7 +201,7 @@ def launch_train(
     def run_id() -> str | None:
         """The job's MLflow run, once its rank 0 wrote a fresh run.json."""
         fresh = run_json.exists() and run_json.stat().st_mtime_ns != before
-        return json.loads(run_json.read_text())["run_id"] if fresh else None
+        return statefile.read_json_object(run_json)["run_id"] if fresh else None
 
     seen, stopped = 0, on_step is None
 
@@ -249,7 +249,11 @@ def launch_train(
             raise ConfigError([tail[tail.index("invalid config"):].strip()])
         return RunResult(run_id="", status="FAILED", steps_done=0, run_dir=str(run_dir),
                          error=f"job exited with code {rc} before starting a run; see {log_path}:\n{tail}")
-    info = json.loads(run_json.read_text())
+    try:
+        info = statefile.read_json_object(run_json)
+    except statefile.StateFileError as e:  # rank 0 died writing it: the job's outcome is in the store
+        return RunResult(run_id="", status="FAILED", steps_done=0, run_dir=str(run_dir),
+                         error=f"job exited with code {rc}; {e}; see {log_path}")
     res = RunResult(run_id=info["run_id"], status=info.get("status", "FAILED"), steps_done=int(info.get("step", 0)),
                     error=info.get("error"), run_dir=str(run_dir))
     with contextlib.suppress(Exception):  # the store unreachable: the result from run.json stands
@@ -266,6 +270,7 @@ def launch_train(
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m harness.launch", description="Run one training as a multi-rank job "
                                  "(torchrun or deepspeed) and wait for it.")
     ap.add_argument("config", nargs="?")

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import ablate
+from . import ablate, tracking
 from .registry import REPO_ROOT
 from .study import fmt_duration
 from .tracking import redact
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = build_parser().parse_args(argv)
     t0 = time.time()
     if not all((REPO_ROOT / m / "__init__.py").is_file() for m in ("analysis", "reports")):  # before hours of runs

@@ -24,7 +24,7 @@ class ModelPathError(ValueError):
 def resolve_path(path: str, cfg: TrainConfig, field: str) -> str:
     """`world:sft` -> the world's sft dir; local dirs must exist; other strings are HF names."""
     if path.startswith("world:"):
-        from .world import load_world  # the world package is only needed for world: paths
+        from .world import WorldError, load_world  # the world package is only needed for world: paths
 
         name = path.split(":", 1)[1]
         world_dir = Path(cfg.data.world_dir)
@@ -33,7 +33,10 @@ def resolve_path(path: str, cfg: TrainConfig, field: str) -> str:
                 f"{field}: {path!r} needs the embedded world in data.world_dir={str(world_dir)!r}, which does not "
                 f"exist; build it with `python -m harness.world build --out {world_dir}`"
             )
-        world = load_world(world_dir)
+        try:
+            world = load_world(world_dir)
+        except WorldError as e:  # a world.json that cannot be read: the problem, not a traceback
+            raise ModelPathError(f"{field}: {path!r}: {e}") from None
         attr = f"{name}_dir"
         if not hasattr(world, attr):
             raise ModelPathError(f"{field}: got {path!r}; allowed: world:sft, world:pretrained, world:reward, world:tokenizer")
@@ -56,9 +59,17 @@ def _local_config(path: str, field: str) -> tuple[object | None, str | None]:
         return None, f"{field}: got {path!r}; it is {where} ({type(e).__name__})"
 
 
+def context_of(model_config: object) -> int:
+    """The most positions (prompt + response tokens) a model takes, from its config (10**9 when it
+    names no limit)."""
+    return (getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+            or 10**9)
+
+
 def preflight(cfg: TrainConfig) -> list[str]:
     """Every problem that would fail the run after it starts, found in seconds before it exists:
-    data files and world, each model path resolved (locally only), and the vocabularies of the
+    data files and world, each model path resolved (locally only), the response cap
+    (generation.max_new_tokens) inside the policy's context, and the vocabularies of the
     tokenizer, policy, reference, reward model and critic agreeing (the RM scores the policy's
     token ids, so one tokenizer must serve all four)."""
     problems: list[str] = []
@@ -76,6 +87,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
     if m.critic_path and cfg.ppo.adv_estimator in NEEDS_CRITIC:
         fields["model.critic_path"] = m.critic_path
     vocab: dict[str, int] = {}
+    policy = "model.sft_path" if m.policy_init == "sft" else "model.pretrained_path"
     for field, raw in fields.items():
         try:
             path = resolve_path(raw, cfg, field)
@@ -85,8 +97,12 @@ def preflight(cfg: TrainConfig) -> list[str]:
         conf, problem = _local_config(path, field)
         if problem:
             problems.append(problem)
-        elif getattr(conf, "vocab_size", None):
+            continue
+        if getattr(conf, "vocab_size", None):
             vocab[field] = int(conf.vocab_size)
+        if field == policy and cfg.generation.max_new_tokens >= context_of(conf):
+            problems.append(f"generation.max_new_tokens: got {cfg.generation.max_new_tokens}; allowed: less than the "
+                            f"policy's context of {context_of(conf)} tokens ({policy} {raw!r}), leaving room for the prompt")
     if len(set(vocab.values())) > 1:
         problems.append("the models' vocabularies differ (" + ", ".join(f"{k}: {v}" for k, v in vocab.items())
                         + "); the reward model and critic score the policy's token ids, so all must share one tokenizer")

@@ -421,6 +421,9 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
     variants = list(by_name.values())
     if fs.grid is not None:
         axes = flat_settings(fs.grid.axes, leaves, f"{where}grid.axes", problems)
+        for k, v in axes.items():
+            if not (isinstance(v, list) and v):  # no value: the product would silently have no points
+                problems.append(f"{where}grid.axes.{k}: got {v!r}; allowed: a list of at least one value")
         axes = {k: v for k, v in axes.items() if isinstance(v, list) and v}
         template = fs.grid.name or " ".join(f"{k}={{{k}}}" for k in axes)
         for field_name in re.findall(r"\{([^{}]+)\}", template):

@@ -20,6 +20,7 @@ from transformers.activations import NewGELUActivation
 
 from .algorithms.losses import entropy_from_logits
 from .gpt2 import StaticGPT2Decoder, packed_hidden, supports
+from .parallel import NonFiniteLoss
 
 
 @dataclass
@@ -113,9 +114,11 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: per row, the first token whose cumulative probability exceeds u (float64
     in (0, 1), at most 1 - 2^-25) times the row's total. In float64 that product stays below the
-    total and a zero-probability token never crosses it, so such a token is never drawn."""
+    total and a zero-probability token never crosses it, so such a token is never drawn. A row of
+    NaN probabilities (a diverged policy, which `sample` reports) would give the index past the last
+    token: it is held at the last, so no out-of-range index reaches the model (on CUDA, a device assert)."""
     cdf = probs.double().cumsum(-1)
-    return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(1)
+    return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -146,6 +149,7 @@ def sample(
     log-probs come from sampling. `greedy` takes the argmax instead of drawing (ReMax's baseline
     response; the keys are then unused). `all_finished(local_done)` lets every rank keep decoding until
     all ranks' rows have ended (ZeRO-3 forwards are collective, and shapes must agree).
+    Raises NonFiniteLoss when the logits were non-finite at any token (the weights diverged).
     """
     B, device = prompt_ids.shape[0], prompt_ids.device
     pos = position_ids(prompt_mask)
@@ -158,10 +162,12 @@ def sample(
     first_pos = pos[:, -1] + 1  # of the first response token
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, ents = [], [], []
+    diverged = torch.zeros(B, dtype=torch.bool, device=device)  # rows with non-finite logits, checked once at the end
     u = keyed_uniform(keys[:, None], torch.arange(max_new_tokens, device=device))  # [B, steps]: all at once
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
+        diverged |= ~torch.isfinite(logp_all.amax(-1))  # NaN (or all -inf) logits: the row's top log-prob is NaN
         if greedy:
             tok = scaled.argmax(-1)
         else:
@@ -178,6 +184,9 @@ def sample(
                 break
         if t < max_new_tokens - 1:
             logits = dec.step(tok, first_pos + t)
+    if bool(diverged.any()):
+        raise NonFiniteLoss(f"the policy's weights/logits became non-finite (logits of {int(diverged.sum())} of {B} "
+                            "rows while sampling): the run diverged, e.g. the learning rate is too high")
     response = torch.stack(tokens, 1)
     is_eos = (response == eos_id) if stop_at_eos else torch.zeros_like(response, dtype=torch.bool)
     # a token is in the response if no EOS came strictly before it

@@ -223,6 +223,9 @@ def _problem(cls: Any, err: dict, prefix: str) -> str:
     path, tp, meta = _walk(cls, loc)
     value = err.get("input")
     name = f"{prefix}{path}" if path else (prefix.rstrip(".") or "config")
+    if err["type"] in ("missing", "missing_argument", "missing_keyword_only_argument"):
+        # pydantic's input here is the whole section around the field (a whole figure file): not shown
+        return f"{name}: missing; allowed: {describe(tp, meta)}"
     if err["type"] in ("value_error", "assertion_error"):
         return f"{name}: got {value!r}; " + str(err.get("ctx", {}).get("error", err["msg"]))
     inner = _optional(tp)[1]

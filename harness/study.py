@@ -186,7 +186,7 @@ def run_task(task: Task) -> Outcome:
             os._exit(0)
         raise
     except Exception as e:  # noqa: BLE001 - one broken run must not take the study down
-        out = Outcome(task.key, task.label, "FAILED", error=f"{type(e).__name__}: {e}")
+        out = Outcome(task.key, task.label, "FAILED", error=tracking.redact(f"{type(e).__name__}: {e}"))
     finally:
         dog.done.set()
     out.note, out.wall_s = task.note, time.time() - t0

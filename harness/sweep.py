@@ -816,6 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = build_parser().parse_args(argv)
     try:
         for flag, v in (("--workers", args.workers), ("--threads", args.threads), ("--trials", args.trials)):

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import re
 import sqlite3
+import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -57,9 +61,95 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(url.database).expanduser()
 
 
+class RedactingStream:
+    """A text stream (sys.stdout / sys.stderr) that writes `redact(text)` to the stream it wraps and
+    passes everything else (flush, isatty, fileno, encoding, buffer) through to it."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(redact(text) if isinstance(text, str) else text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _redact_record(record: logging.LogRecord) -> logging.LogRecord:
+    """A log record whose message, traceback and stack carry no password (left as it was when none
+    does: its args stay for handlers that read them)."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a malformed record is logging's own error to report
+        return record
+    if redact(message) != message:
+        record.msg, record.args = redact(message), None
+    if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+        text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        if redact(text) != text:
+            record.exc_text = redact(text)  # what Formatter.format prints instead of formatting exc_info
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+    return record
+
+
+def _print_exception(head: str, tp: type[BaseException], value: BaseException | None, tb: Any) -> None:
+    """A traceback as the default hooks print it, redacted as one text (not line by line)."""
+    sys.stderr.write(redact(head + "".join(traceback.format_exception(tp, value, tb))))
+    sys.stderr.flush()
+
+
+def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    _print_exception("", tp, value, tb)
+
+
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:  # as threading's own hook: a thread's SystemExit is silent
+        return
+    name = args.thread.name if args.thread is not None else threading.get_ident()
+    _print_exception(f"Exception in thread {name}:\n", args.exc_type, args.exc_value, args.exc_traceback)
+
+
+def redact_output() -> None:
+    """Mask credentials in everything this process prints, as `redact` does in what the harness
+    writes: MLflow prints its store's URI itself (`View run ... at: http://user:password@host/...`,
+    written to sys.stdout; its logging; exception messages naming the URL of a failed request).
+
+    Installs, once per process (calling again is a no-op): sys.stdout and sys.stderr wrapped in a
+    `RedactingStream` (prints, tqdm, warnings, MLflow's own writes, error texts that came back from
+    worker processes); a logging record factory that redacts every record's message and traceback
+    (handlers writing to files or to a stream they held before this call); sys.excepthook and
+    threading.excepthook printing each uncaught exception's traceback redacted as a whole (where
+    they are still Python's defaults: a debugger's or a test runner's hook is left alone). Every CLI
+    calls it first thing in main(); `client()` calls it too, so that a worker process that opens a
+    store (a grid's or sweep's run, a torchrun rank) masks MLflow's output whichever way it started."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream))
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "redacts", False):
+        def redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            return _redact_record(factory(*args, **kwargs))
+
+        redacting_factory.redacts = True  # type: ignore[attr-defined]
+        logging.setLogRecordFactory(redacting_factory)
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _excepthook
+    if threading.excepthook is threading.__excepthook__:
+        threading.excepthook = _thread_excepthook
+
+
 def client(tracking_uri: str) -> MlflowClient:
     """A client of the store. A sqlite store is created/migrated under a file lock, once per process:
-    two processes opening a brand-new sqlite store at once race in MLflow's migration; one dies."""
+    two processes opening a brand-new sqlite store at once race in MLflow's migration; one dies.
+    The process's output is redacted from here on (`redact_output`): MLflow prints the store's URI."""
+    redact_output()
     db = sqlite_path(tracking_uri)
     if db is not None and tracking_uri not in _READY:
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -109,11 +199,26 @@ def start_run(tracking_uri: str, experiment: str, run_name: str, tags: dict[str,
 
 
 def run_exists(tracking_uri: str, run_id: str) -> bool:
+    """Whether the store holds run `run_id`; a store that cannot answer raises (it is not 'no')."""
     try:
         client(tracking_uri).get_run(run_id)
         return True
-    except mlflow.exceptions.MlflowException:
-        return False
+    except mlflow.exceptions.MlflowException as e:
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):  # unknown, or not an id at all
+            return False
+        raise
+
+
+def find_runs(tracking_uri: str, experiment: str, tags: dict[str, str]) -> list[Any]:
+    """The runs of `experiment` carrying every tag of `tags`, newest first ([] without the experiment)."""
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    if any("'" in v for v in tags.values()):
+        raise ValueError(f"find_runs: tag values may not contain quotes: {tags}")
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    return list(c.search_runs([exp.experiment_id], query, max_results=50000, order_by=["attributes.start_time DESC"]))
 
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from filelock import FileLock, Timeout
 
-from . import keys, parallel, prog, provenance, tracking
+from . import keys, parallel, prog, provenance, statefile, tracking
 from .algorithms.estimators import NEEDS_CRITIC
 from .config import (
     ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
@@ -43,6 +43,7 @@ def default_run_name(cfg: TrainConfig) -> str:
 
 
 # ------------------------------------------------------------------ run files and checkpoints
+RUN_FILE = "run.json"  # run_id, config_hash, status, step, config: the run folder's link to its MLflow run
 CHECKPOINTS = ("state.pt", "state.prev.pt")  # the latest and the one before it
 BEST_POLICY = "best_policy.pt"  # the run dir's policy weights at its best eval before collapse
 RUN_LOCK = "run.lock"  # held by the process that trains the run (rank 0)
@@ -97,11 +98,9 @@ class RunLog:
         self._write()
 
     def _write(self, **info) -> None:
-        """run.json, replaced atomically (a kill mid-write leaves the previous one)."""
+        """RUN_FILE, replaced atomically (a kill, a crash or a full disk mid-write leaves the previous one)."""
         self.info.update(info)
-        tmp = self.run_dir / "run.json.tmp"
-        tmp.write_text(json.dumps(self.info, indent=1))
-        os.replace(tmp, self.run_dir / "run.json")
+        statefile.write_json(self.run_dir / RUN_FILE, self.info, indent=1)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         new = {k: v for k, v in metrics.items() if step > self.logged.get(k, -1)}
@@ -121,7 +120,8 @@ class RunLog:
         self.tags({keys.TAG_BEST_STEP: str(step)})
 
     def checkpoint(self, state: dict, step: int) -> None:
-        save_checkpoint(self.run_dir, state)
+        # the checkpoint names its run: a folder reused by another run never resumes this one's weights
+        save_checkpoint(self.run_dir, {**state, "run_id": self.run_id, "config_hash": self.info["config_hash"]})
         self._write(step=step)
 
     def end(self, status: str, error: str | None = None, tb: str = "") -> None:
@@ -146,15 +146,41 @@ class NullRunLog(RunLog):
     log = tags = artifact = save_best = checkpoint = end = _ignore
 
 
+def _read_run_file(cfg: TrainConfig, run_dir: Path, chash: str) -> dict | None:
+    """run_dir's RUN_FILE for --resume (None when there is none). One that cannot be read (cut short
+    by a crash or a full disk, a bad copy) is replaced by what the store knows: the newest MLflow
+    run of this name and config hash (tag harness.config_hash) is continued from the checkpoint;
+    with none there the run starts over from step 0. Either way it says so, naming the file."""
+    try:
+        return statefile.read_json_object(run_dir / RUN_FILE)
+    except FileNotFoundError:
+        return None
+    except statefile.StateFileError as e:
+        problem = str(e)
+    uri, name = cfg.logging.tracking_uri, run_dir.name
+    same = [r for r in tracking.find_runs(uri, cfg.logging.experiment, {keys.TAG_CONFIG_HASH: chash})
+            if r.info.run_name == name]
+    where = f"the store {tracking.redact(uri)}, experiment {cfg.logging.experiment!r}"
+    if not same:
+        print(f"[harness] {problem}; {where} holds no run named {name!r} with config hash {chash}: "
+              "starting the run over from step 0", file=sys.stderr)
+        return None
+    run_id = same[0].info.run_id  # the newest
+    print(f"[harness] {problem}; continuing MLflow run {run_id} (found in {where} by its name {name!r} and "
+          f"config hash {chash}) from its checkpoint", file=sys.stderr)
+    return {"run_id": run_id, "config_hash": chash}
+
+
 def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, dict | None]:
     """Rank 0: reopen the run of the checkpoint in run_dir (resume, same config), else start a new one.
 
     --resume of a folder whose run had another config is refused, naming the keys that differ:
-    continuing it would mix two configs in one run, and starting over would destroy it."""
+    continuing it would mix two configs in one run, and starting over would destroy it. Once the
+    run exists, a failure here ends it FAILED (never left RUNNING)."""
     log, uri, chash = cfg.logging, cfg.logging.tracking_uri, config_hash(cfg)
     flat = computed_fields(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    run_info = json.loads((run_dir / "run.json").read_text()) if (resume and (run_dir / "run.json").exists()) else None
+    run_info = _read_run_file(cfg, run_dir, chash) if resume else None
     if run_info is not None and run_info.get("config_hash") != chash:
         old = run_info.get("config") or dict(flat)  # a run.json of an older harness holds no config to compare
         diff = [f"{k}: {old.get(k)!r} -> {flat.get(k)!r}" for k in sorted(set(old) | set(flat)) if old.get(k) != flat.get(k)]
@@ -162,11 +188,15 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
                            + ("; ".join(diff) if diff else "config hash differs") + "); resume it with its own config, "
                            "or give this one another logging.run_name"])
     state = load_checkpoint(run_dir) if run_info is not None else None
+    if state is not None and state.get("run_id", run_info.get("run_id")) != run_info.get("run_id"):
+        print(f"[harness] {run_dir}/ckpt holds the checkpoint of run {state['run_id']}, not of run "
+              f"{run_info.get('run_id')} ({RUN_FILE}): restarting the run from step 0", file=sys.stderr)
+        state = None
     if run_info is not None and run_info.get("run_id") and tracking.run_exists(uri, run_info["run_id"]):
         run_id = run_info["run_id"]
+        logged = tracking.last_logged_steps(uri, run_id)
         tracking.reopen_run(uri, run_id)
         tracking.set_tags(uri, run_id, {keys.TAG_PID: str(os.getpid())})
-        logged = tracking.last_logged_steps(uri, run_id)
     else:
         state, logged = None, {}
         tags = {
@@ -177,10 +207,25 @@ def _open_run(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[RunLog, di
             **provenance.record(cfg.data.world_dir if cfg.data.source == "world" else None), **log.tags,
         }
         run_id = tracking.start_run(uri, log.experiment, run_dir.name, tags=tags, parent_run_id=log.parent_run_id)
-        tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
-        tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
+        with _failing_run(uri, run_id):
+            tracking.log_params(uri, run_id, flatten(to_dict(cfg)))
+            tracking.log_text_artifact(uri, run_id, to_yaml(cfg), keys.ARTIFACT_CONFIG)
     info = {"run_id": run_id, "config_hash": chash, "status": "RUNNING", "step": 0, "config": flat}
-    return RunLog(uri, run_id, run_dir, info, logged), state
+    with _failing_run(uri, run_id):
+        return RunLog(uri, run_id, run_dir, info, logged), state
+
+
+@contextlib.contextmanager
+def _failing_run(uri: str, run_id: str):
+    """An exception inside ends the run FAILED with its reason (then propagates): a run whose
+    process went on without it must not stay RUNNING."""
+    try:
+        yield
+    except Exception as e:
+        with contextlib.suppress(Exception):  # the store itself may be what failed
+            tracking.set_tags(uri, run_id, {keys.TAG_FAILURE: f"{type(e).__name__}: {e}"[:4000]})
+            tracking.end_run(uri, run_id, "FAILED")
+        raise
 
 
 class BestPolicy:
@@ -200,6 +245,16 @@ class BestPolicy:
         run.save_best(trainer.policy.full_state()[0], step)  # full_state: collective under ZeRO
 
 
+def store_problems(cfg: TrainConfig) -> list[str]:
+    """What the run needs of its MLflow store, checked before the run exists: the parent run
+    (logging.parent_run_id), when one is named, is in that store."""
+    parent, uri = cfg.logging.parent_run_id, cfg.logging.tracking_uri
+    if parent and not tracking.run_exists(uri, parent):
+        return [f"logging.parent_run_id: got {parent!r}; the store {tracking.redact(uri)} holds no run with that id; "
+                "allowed: the id of a run in that store (the parent the run is nested under), or null"]
+    return []
+
+
 # ------------------------------------------------------------------ the run
 def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = None) -> RunResult:
     """Run PPO (or APA/AWR) to `cfg.ppo.steps`; see docs/CONTRACTS.md. Never raises on divergence.
@@ -215,6 +270,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
     from .models import preflight  # paths, models and vocabularies, before any MLflow run exists
 
     problems = preflight(cfg)  # on every rank, so that all of them stop together
+    # what the run needs of the store (rank 0's): rank 0 checks, every rank hears the answer
+    problems += env.broadcast_object(store_problems(cfg) if env.is_main and not problems else [])
     if problems:
         raise ConfigError(problems)
     run_dir = Path(cfg.logging.output_dir) / (cfg.logging.run_name or default_run_name(cfg))
@@ -258,7 +315,8 @@ def _train(cfg: TrainConfig, env: parallel.DistEnv, run_dir: Path, resume: bool,
         run.end("KILLED")
         raise
     except Exception as e:  # noqa: BLE001 - a failed run must never take its caller down
-        result.status, result.error = "FAILED", f"{type(e).__name__}: {e}"
+        # redacted here: the reason travels to the caller (a grid runner's process, its summary)
+        result.status, result.error = "FAILED", tracking.redact(f"{type(e).__name__}: {e}")
         run.end("FAILED", result.error, traceback.format_exc())
         if cfg.logging.progress or not env.is_main:
             print(f"[harness] run {run_dir.name} (rank {env.rank}) FAILED: {result.error}", file=sys.stderr)
@@ -397,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

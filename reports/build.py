@@ -482,6 +482,7 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m reports.build", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablations", nargs="*", metavar="ABLATION",
                     help="registry names or YAML paths (default: every ablation in the registry and the store)")
@@ -501,16 +502,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for name, path in res.reports.items():
         print(f"{name}: {path}")
+    store = redact(args.tracking_uri or default_tracking_uri())
     if res.combined:
         print(f"combined: {res.combined}")
+    elif not res.reports and not res.errors:
+        print(f"error: nothing to report: the store {store} holds no runs of "
+              + (", ".join(res.skipped) if args.ablations else "any ablation"), file=sys.stderr)
+        return 1
     elif res.skipped or res.errors:
         print(f"combined report not built: no runs of {', '.join(res.skipped) or '-'}"
               + (f"; failed: {', '.join(res.errors)}" if res.errors else ""))
-    elif res.reports:
+    else:
         print("combined report left as it was (one ablation named; name none, or several, to rebuild "
               f"{out / COMBINED})")
-    else:
-        print("nothing to report")
+    if args.ablations and res.skipped:  # asked for by name and not built: the command did not do its job
+        print(f"error: no report of {', '.join(res.skipped)}: the store {store} holds no runs of "
+              f"{'them' if len(res.skipped) > 1 else 'it'}", file=sys.stderr)
+        return 1
     return 1 if res.errors else 0
 
 

@@ -4,7 +4,6 @@ README.md, README.template.md's prose followed by a results section written from
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ from analysis import collapse_rule
 from analysis.claims import on_worlds
 from analysis.compare import provenance_values, summarize, world_entry_label
 from analysis.stats import WORLD_DEPENDENT
-from harness import provenance
+from harness import provenance, statefile
 from harness.summary import fmt
 
 TEMPLATE = Path(__file__).with_name("README.template.md")
@@ -103,6 +102,7 @@ def readme(summary: dict) -> str:
 def write_reference(sections: list, collapse: dict, out: Path, not_run: list[str]) -> dict[str, Any]:
     """OUT/reference.json and OUT/README.md; returns the summary."""
     summary = reference_summary(sections, collapse, not_run)
-    (out / "reference.json").write_text(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-    (out / "README.md").write_text(readme(summary))
+    # atomically: analysis.compare reads reference.json back, and a half-written one would be no reference
+    statefile.write_json(out / "reference.json", summary, indent=1, sort_keys=True, ensure_ascii=False)
+    statefile.write_atomic(out / "README.md", readme(summary))
     return summary

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ablate, sweep
+from harness import ablate, sweep, tracking
 from harness.registry import load_registry, registry_files
 from harness.schema import ConfigError
 from harness.study import fmt_duration
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     a = build_parser().parse_args(argv)
     files = registry_files(a.ablations, sweeps=True)
     sweeps = set(files) - set(registry_files(a.ablations))

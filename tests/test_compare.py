@@ -95,6 +95,23 @@ def test_bad_input_exits_2_with_a_message(stores, capsys, tmp_path):
     assert rc == 2 and "not a reference summary" in capsys.readouterr().err
 
 
+def test_nothing_to_compare_fails_naming_the_store(stores, capsys, tmp_path):
+    rc, out, err = run(stores, "same", "vanilla", capsys=capsys)  # in the reference, not in this store
+    assert rc == 1 and f"error: nothing to compare: the store {stores['same']} holds no runs of vanilla" in err
+    assert "claims agree" not in out
+    rc, out, err = run(stores, "same", "kl_eta", "vanilla", capsys=capsys)  # one compared, one missing
+    assert rc == 1 and "claims agree" in out and f"error: vanilla: the store {stores['same']} holds no runs of it" in err
+    from harness import tracking
+
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    tracking.ensure_experiment(empty, "kl_eta")  # a store with the experiment but no runs
+    rc = main(["--tracking-uri", empty, "--reference", str(stores["root"] / "reference.json"),
+               "--ablations-dir", str(stores["registry"])])
+    out = capsys.readouterr()
+    assert rc == 1 and "0 of 0 claims" not in out.out
+    assert f"error: nothing to compare: the store {empty} holds no runs of " in out.err
+
+
 def test_after_the_main_job_the_figure_just_run_is_compared_when_the_reference_has_it(stores, capsys, monkeypatch):
     import analysis.compare as compare
 

@@ -189,6 +189,36 @@ def test_a_missing_file_or_a_directory_is_a_config_error(tmp_path, path_kind):
         load_config(path)
 
 
+RUN_CASES = {  # valid values this run cannot use: the trainer's CLI refuses each before any MLflow run exists
+    "logging.parent_run_id=deadbeef": "logging.parent_run_id: got 'deadbeef'; the store sqlite:///",
+    "generation.max_new_tokens=100000": "generation.max_new_tokens: got 100000; allowed: less than the policy's context",
+}
+
+
+@pytest.mark.parametrize("override", list(RUN_CASES))
+def test_values_this_run_cannot_use_exit_2_before_any_run_exists(tiny_world, tmp_path, capsys, override):
+    from conftest import fast_overrides
+
+    from harness import tracking
+
+    over = fast_overrides(tiny_world, tmp_path) + [override]
+    assert train_main([x for o in over for x in ("--set", o)]) == 2
+    err = capsys.readouterr().err
+    assert RUN_CASES[override] in err and "Traceback" not in err, err
+    store = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert store.get_experiment_by_name("harness") is None  # no run, not even its experiment
+
+
+def test_a_learning_rate_that_blows_the_weights_up_fails_the_run_naming_it(tiny_world, tmp_path, capsys):
+    """1e308 is a valid float: the run starts, and ends FAILED with the reason, not an index error."""
+    from conftest import fast_overrides
+
+    over = fast_overrides(tiny_world, tmp_path, **{"ppo.num_minibatches": 1, "ppo.policy_lr": 1e308})
+    assert train_main([x for o in over for x in ("--set", o)]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "FAILED" and "the policy's weights/logits became non-finite" in result["error"]
+
+
 @pytest.mark.parametrize("item", ["novalue", "=3", "ppo..steps=3", ".seed=1", "seed.=1"])
 def test_malformed_overrides_are_config_errors(item):
     with pytest.raises(ConfigError) as e:

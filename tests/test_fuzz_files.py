@@ -212,6 +212,9 @@ def test_every_generated_case_is_refused_by_the_cli_naming_file_and_field(tmp_pa
         elif not all(str(path) in p for p in problems) or "Traceback" in err or not re.search(
                 rf"(^|[ .'\"(]){re.escape(case.names)}([.:' ]|$)", err, re.M):
             unnamed.append((case.what, err))
+        elif case.what.endswith(": missing") and not any(
+                re.search(rf"[ .]{re.escape(case.names)}: missing; allowed: ", p) and len(p) < 400 for p in problems):
+            unnamed.append((case.what, err))  # named as missing, without its whole section (the file) as the value
     assert not accepted, f"silently accepted: {accepted}"
     assert not unnamed, "\n\n".join(f"{w}:\n{m}" for w, m in unnamed[:5])
     assert not list(tmp_path.glob("*.db")) and not (tmp_path / "runs").exists()
@@ -251,10 +254,11 @@ LONG = "v" * 201
 FIGURE_CLI = {  # extra arguments or file changes -> what the error says
     "seeds empty": (["--seeds", ""], "--seeds '': allowed: 1 to 1000 seeds"),
     "seeds not numbers": (["--seeds", "a,b"], "--seeds 'a,b': expected integers"),
-    "seeds empty item": (["--seeds", "1,,2"], "--seeds '1,,2': an empty item between commas"),
     "worlds not numbers": (["--worlds", "x"], "--worlds 'x': expected integers"),
     "seeds 22 digits": (["--seeds", "1" * 22], f"--seeds '{'1' * 22}': '{'1' * 22}': allowed: seeds in 0..2147483647"),
     "seeds negative": (["--seeds", "-1"], "--seeds '-1': expected integers"),
+    "seeds empty item": (["--seeds", "1,,2"], "--seeds '1,,2': an empty item between commas"),
+    "seeds trailing comma": (["--seeds", "0,"], "--seeds '0,': an empty item between commas"),
     "seeds reversed range": (["--seeds", "5-2"], "'5-2': allowed: seeds in"),
     "seeds huge range": (["--seeds", "0-2147483647"], "at most 1000 seeds"),
     "set without =": (["--set", "ppo.steps"], "--set 'ppo.steps': expected KEY=VALUE"),
@@ -272,6 +276,9 @@ FIGURE_CLI = {  # extra arguments or file changes -> what the error says
     "seed 22 digits in the file": ({"seeds": [10**22]}, "seeds.0: got 10000000000000000000000"),
     "seeds empty in the file": ({"seeds": []}, "seeds: got []"),
     "name a path": ({"name": "../kl_eta"}, "name: '../kl_eta' must equal the file stem 'kl_eta'"),
+    "grid axis without values": ({"grid": {"name": "η={ppo.kl_coef}", "axes": {"ppo.kl_coef": [0.1], "reward.clip": []}}},
+                                 "grid.axes.reward.clip: got []; allowed: a list of at least one value"),
+    "grid of one axis without values": ({"grid": {"axes": {"reward.clip": []}}}, "grid.axes.reward.clip: got []"),
 }
 
 

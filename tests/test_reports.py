@@ -171,6 +171,21 @@ def test_cli_with_one_name_says_the_combined_report_was_kept(built, tmp_path, ca
     assert "combined report left as it was" in out and "nothing to report" not in out
 
 
+def test_an_ablation_asked_for_by_name_without_runs_fails_naming_the_store(built, tmp_path, capsys):
+    base = ["--tracking-uri", built["uri"], "--out", str(tmp_path), "--ablations-dir", str(built["registry"]), "--no-log"]
+    assert build_main(["apa", *base]) == 1
+    err = capsys.readouterr().err
+    assert f"error: nothing to report: the store {built['uri']} holds no runs of apa" in err and not (tmp_path / "apa").exists()
+    assert build_main(["vanilla", "apa", *base]) == 1  # the one with runs is built; the command still fails
+    out = capsys.readouterr()
+    assert f"error: no report of apa: the store {built['uri']} holds no runs of it" in out.err
+    assert (tmp_path / "vanilla" / "report.pdf").is_file()
+    from analysis.claims import main as claims_main
+
+    assert claims_main(["apa", "--tracking-uri", built["uri"], "--ablations-dir", str(built["registry"])]) == 1
+    assert f"error: apa: the store {built['uri']} holds no runs of it" in capsys.readouterr().err
+
+
 def test_partial_store_skips_ablations_without_runs_and_keeps_the_combined_report(built, tmp_path, capsys):
     # every registry entry by default; apa, score_reparam, ... have no runs in this store
     res = build(None, built["uri"], tmp_path, ablations_dir=built["registry"], log_figures=False)

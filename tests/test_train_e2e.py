@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import keys, tracking
+from harness import keys, statefile, tracking
 from harness.config import ConfigError, load_config
+from harness.train import main as train_main
 from harness.train import train
 from conftest import fast_overrides
 
@@ -155,6 +156,79 @@ def test_damaged_checkpoint_falls_back_then_restarts(tiny_world, tmp_path, capsy
     again = train(cfg, resume=True)
     assert again.status == "FINISHED" and "restarting the run from step 0" in capsys.readouterr().err
     assert sorted(s for s, _ in tracking.metric_history(uri, first.run_id, keys.KL)) == [1, 2, 3, 4]
+
+
+def test_truncated_run_file_continues_the_run_found_in_the_store_or_starts_over(tiny_world, tmp_path, capsys):
+    """run.json cut short (a crash mid-write, a full disk): `--resume` finds the run in the store by
+    its name and config hash and continues it from its checkpoint; a store without it: step 0."""
+    over = {"ppo.steps": 4, "logging.checkpoint_every": 2, "logging.eval_every": 0, "logging.run_name": "r"}
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **over))
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, on_step=lambda step, m: step == 3 and _raise(KeyboardInterrupt()))
+    uri, run_file = cfg.logging.tracking_uri, Path(cfg.logging.output_dir) / "r" / "run.json"
+    c = tracking.client(uri)
+    (killed,) = c.search_runs([c.get_experiment_by_name(cfg.logging.experiment).experiment_id])
+    tracking.reopen_run(uri, killed.info.run_id)  # RUNNING, as a kill -9 leaves it
+    run_file.write_text(run_file.read_text()[:40])
+    overrides = fast_overrides(tiny_world, tmp_path, **over)
+    assert train_main([x for o in overrides for x in ("--set", o)] + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"{run_file} is unreadable (40 bytes; JSONDecodeError" in err, err
+    assert f"continuing MLflow run {killed.info.run_id}" in err and "by its name 'r' and config hash" in err
+    assert c.get_run(killed.info.run_id).info.status == "FINISHED"
+    assert sorted(s for s, _ in tracking.metric_history(uri, killed.info.run_id, keys.KL)) == [1, 2, 3, 4]
+    # the store no longer holds it: a new run from step 0, saying so
+    c.delete_run(killed.info.run_id)
+    run_file.write_bytes(b"")
+    again = train(cfg, resume=True)
+    assert again.status == "FINISHED" and again.run_id != killed.info.run_id and again.steps_done == 4
+    assert "holds no run named 'r' with config hash" in capsys.readouterr().err
+    assert statefile.read_json_object(run_file)["run_id"] == again.run_id
+
+
+def _raise(e: BaseException):
+    raise e
+
+
+def test_a_checkpoint_of_another_run_in_the_folder_is_not_resumed(tiny_world, tmp_path, capsys):
+    # a run of another config in the same folder (no --resume: a new run), killed before its first
+    # checkpoint: the folder still holds the first run's checkpoint, which must not be resumed into it
+    over = {"ppo.steps": 2, "logging.checkpoint_every": 1, "logging.eval_every": 0, "logging.run_name": "r"}
+    train(load_config(None, fast_overrides(tiny_world, tmp_path, **over)))
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **over, **{"ppo.kl_coef": 0.3}))
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, on_step=lambda step, m: _raise(KeyboardInterrupt()))
+    resumed = train(cfg, resume=True)
+    assert resumed.status == "FINISHED" and resumed.steps_done == 2, resumed
+    assert "holds the checkpoint of run" in capsys.readouterr().err
+    assert sorted(s for s, _ in tracking.metric_history(cfg.logging.tracking_uri, resumed.run_id, keys.KL)) == [1, 2]
+
+
+def test_a_parent_run_missing_from_the_store_is_refused_before_the_run_exists(tiny_world, tmp_path):
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **{"logging.parent_run_id": "deadbeef"}))
+    with pytest.raises(ConfigError, match=r"logging.parent_run_id: got 'deadbeef'; the store sqlite:///\S+ holds no run "
+                                          r"with that id"):
+        train(cfg)
+    assert tracking.client(cfg.logging.tracking_uri).get_experiment_by_name(cfg.logging.experiment) is None
+
+
+def test_a_response_cap_past_the_policys_context_is_refused_before_the_run_exists(tiny_world, tmp_path):
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **{"generation.max_new_tokens": 100000}))
+    with pytest.raises(ConfigError, match=r"generation.max_new_tokens: got 100000; allowed: less than the policy's "
+                                          r"context of \d+ tokens \(model.sft_path 'world:sft'\)"):
+        train(cfg)
+    assert not (tmp_path / "mlflow.db").exists()  # no store, no run
+
+
+def test_a_diverged_policy_fails_naming_its_non_finite_weights(tiny_world, tmp_path):
+    # one minibatch, one epoch: the blown-up update is the step's last, so no loss of this step sees
+    # it; the next rollout samples from NaN logits (and once drew the index past the vocabulary)
+    cfg, res = run(tiny_world, tmp_path, **{"ppo.num_minibatches": 1, "ppo.policy_lr": 1e308})
+    assert res.status == "FAILED" and res.error.startswith(
+        "NonFiniteLoss: the policy's weights/logits became non-finite"), res.error
+    assert "the learning rate is too high" in res.error
+    r = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id)
+    assert r.info.status == "FAILED" and r.data.tags[keys.TAG_FAILURE] == res.error
 
 
 def test_resume_with_another_config_is_refused_naming_the_keys(tiny_world, tmp_path):

@@ -7,7 +7,7 @@ import json
 import shutil
 import sys
 
-from harness import prog
+from harness import prog, tracking
 from harness.config import ConfigError
 
 DEFAULT_OUT = ".harness/world"
@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = _parser().parse_args(argv)
     if args.cmd == "gold":
         from harness.world.gold import gold_breakdown

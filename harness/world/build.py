@@ -23,7 +23,7 @@ from filelock import FileLock
 from transformers import GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
-from harness import keys, tracking
+from harness import keys, statefile, tracking
 from harness.config import flatten, to_dict
 from harness.world import corpus, grammar
 from harness.world.config import WORLD_FORMAT, WorldConfig, world_config_from_dict, world_config_hash
@@ -83,7 +83,10 @@ def load_world(dir: str | Path) -> World:
 @functools.lru_cache(maxsize=4)
 def _load_world(d: Path, version: tuple[int, int, int]) -> World:
     build = f"python -m harness.world build --out {d}"
-    meta = json.loads((d / WORLD_FILE).read_text())
+    try:
+        meta = statefile.read_json_object(d / WORLD_FILE)
+    except statefile.StateFileError as e:  # a build is renamed into place whole: a damaged copy, a full disk
+        raise WorldError(f"{e}; rebuild the world with: {build} --force") from None
     if meta.get("format") != WORLD_FORMAT:
         raise WorldError(f"world at {str(d)!r} has format {meta.get('format')!r}; this code reads format "
                          f"{WORLD_FORMAT}: rebuild it with: {build}")
