@@ -61,6 +61,14 @@ def trunk_params(s: Size) -> int:
     return 12 * s.n_layer * s.n_embd**2
 
 
+def n_params(s: Size) -> int:
+    """All weights of one GPT-2 LM: token and position embeddings, per layer 12E^2 + 13E (qkv,
+    projection and MLP weights and biases, two layer norms), the final layer norm; the LM head is
+    tied to the token embeddings (a sequence-classification model's E x 1 head is negligible)."""
+    E = s.n_embd
+    return s.vocab * E + s.n_positions * E + s.n_layer * (12 * E * E + 13 * E) + 2 * E
+
+
 def fwd_flops(s: Size, batch: int, seq: int, *, lm_positions: int = 0, attn_ctx: float | None = None) -> float:
     """Forward FLOPs of `batch` sequences of `seq` new tokens through one GPT-2 trunk.
 
@@ -138,14 +146,15 @@ def build_tokenizer(vocab: int, out: Path):
     return fast
 
 
-def build(size: str | Size, root: str | Path, seed: int = 0) -> Path:
-    """Write root/<name>/{sft,reward}/ (each with the tokenizer) and prompts.json; cached."""
+def build(size: str | Size, root: str | Path, seed: int = 0, prompt_len: int = PROMPT_LEN) -> Path:
+    """Write root/<name>/{sft,reward}/ (each with the tokenizer) and prompts.json (N_PROMPTS prompts
+    of `prompt_len` words = tokens); cached."""
     import torch
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
     s = SIZES[size] if isinstance(size, str) else size
     out = Path(root) / s.name
-    meta = {"size": s.__dict__, "seed": seed, "n_prompts": N_PROMPTS, "prompt_len": PROMPT_LEN, "version": 1}
+    meta = {"size": s.__dict__, "seed": seed, "n_prompts": N_PROMPTS, "prompt_len": prompt_len, "version": 1}
     if (out / "meta.json").exists() and json.loads((out / "meta.json").read_text()) == meta:
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +173,7 @@ def build(size: str | Size, root: str | Path, seed: int = 0) -> Path:
     tok.save_pretrained(out / "reward")
     rng = random.Random(seed)
     ws = words(s.vocab)
-    prompts = [" ".join(rng.choice(ws) for _ in range(PROMPT_LEN)) for _ in range(N_PROMPTS)]
+    prompts = [" ".join(rng.choice(ws) for _ in range(prompt_len)) for _ in range(N_PROMPTS)]
     (out / "prompts.json").write_text(json.dumps(prompts))
     (out / "meta.json").write_text(json.dumps(meta))
     return out

@@ -3,7 +3,8 @@
 `python -m bench.harness_step --models DIR --steps N --warmup W [--set key=value ...]`
 prints one JSON line: per-step wall times (between consecutive `on_step` callbacks, so each one
 holds the trainer's step plus the MLflow log_batch and collapse rule), the trainer's phase timers,
-the logging time of each step, peak RSS and the last step's metrics.
+the logging time of each step, peak RSS (and peak GPU memory, on a GPU: `--set device=cuda`) and
+the last step's metrics.
 """
 from __future__ import annotations
 
@@ -96,6 +97,8 @@ def main(argv=None) -> int:
                    (keys.STEP_S, keys.TIME_ROLLOUT, keys.TIME_SCORE, keys.TIME_ADVANTAGE, keys.TIME_UPDATE)},
         "logging_s": log_s[w:],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "device": cfg.device,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else None,
         "total_s": t_end - t_start,
         "last_metrics": {k: v for k, v in per_step[-1].items() if not k.startswith("perf/")},
     }

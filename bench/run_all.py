@@ -79,7 +79,9 @@ def run_json(cmd: list[str], timeout: float) -> dict:
     (all CPUs' busy time from /proc/stat minus this child's own CPU time)."""
     import resource
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    # this checkout first, then what the caller had (a --target folder of carried wheels, say)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
     b0, _ = _cpu_ticks()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)

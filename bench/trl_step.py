@@ -3,7 +3,9 @@
 Runs in the bench venv: `.venv-bench/bin/python -m bench.trl_step --models DIR --steps N --warmup W`.
 Same work as bench/harness_step.py: 32 prompts of 16 tokens, 48 sampled tokens (no stop token),
 4 PPO epochs, 1 minibatch, fp32, 2 torch threads, no tracker (report_to=none). Step wall times are
-taken between consecutive `on_step_end` callbacks (one PPO update each).
+taken between consecutive `on_step_end` callbacks (one PPO update each). `--device cuda --batch 64
+--response-len 256 --bf16` is the GPU workload of `bench.gpu_check` (the prompts' length is the
+model directory's, `bench.common.build(prompt_len=)`).
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--batch", type=int, default=None, help="prompts per step (default bench.common.BATCH)")
+    ap.add_argument("--response-len", type=int, default=None, help="sampled tokens (default bench.common.RESPONSE_LEN)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (fp32 weights, bf16 autocast)")
     args = ap.parse_args(argv)
 
     import torch
@@ -41,12 +47,13 @@ def main(argv=None) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads or THREADS)
+    batch, response_len = args.batch or BATCH, args.response_len or RESPONSE_LEN
     models = Path(args.models)
     tok = AutoTokenizer.from_pretrained(models / "sft", padding_side="left")
     prompts = json.loads((models / "prompts.json").read_text())
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     train_ds = Dataset.from_dict({"input_ids": ids})
-    eval_ds = Dataset.from_dict({"input_ids": ids[:BATCH]})
+    eval_ds = Dataset.from_dict({"input_ids": ids[:batch]})
 
     policy = AutoModelForCausalLM.from_pretrained(models / "sft", dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(models / "sft", dtype=torch.float32)
@@ -69,10 +76,10 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_trl_") as d:
         cfg = PPOConfig(
-            output_dir=d, report_to="none", use_cpu=True, seed=0, bf16=False, fp16=False,
-            per_device_train_batch_size=BATCH, gradient_accumulation_steps=1, num_mini_batches=MINIBATCHES,
-            num_ppo_epochs=PPO_EPOCHS, response_length=RESPONSE_LEN, total_episodes=BATCH * n_steps,
-            local_rollout_forward_batch_size=BATCH, stop_token=None, temperature=1.0, num_sample_generations=0,
+            output_dir=d, report_to="none", use_cpu=args.device == "cpu", seed=0, bf16=args.bf16, fp16=False,
+            per_device_train_batch_size=batch, gradient_accumulation_steps=1, num_mini_batches=MINIBATCHES,
+            num_ppo_epochs=PPO_EPOCHS, response_length=response_len, total_episodes=batch * n_steps,
+            local_rollout_forward_batch_size=batch, stop_token=None, temperature=1.0, num_sample_generations=0,
             save_strategy="no", logging_steps=1, disable_tqdm=True, learning_rate=3e-6, kl_coef=0.05,
             dataloader_num_workers=0,
         )
@@ -95,6 +102,8 @@ def main(argv=None) -> int:
         "step_s": wall[w - 1:] if w >= 1 else wall,
         "cpu_s": [b - a for a, b in zip(cpu, cpu[1:])][w - 1:] if w >= 1 else [b - a for a, b in zip(cpu, cpu[1:])],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "device": args.device, "batch": batch, "response_len": response_len, "bf16": args.bf16,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else None,
         "total_s": t1 - t0,
         "last_metrics": getattr(Timer, "last", {}),
     }

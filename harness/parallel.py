@@ -212,7 +212,8 @@ def _init_deepspeed(backend: str, device_type: str) -> None:
         if os.environ.get("HARNESS_DS_SHM_COMM") != "1":
             # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (minutes on a small
             # machine) that only speeds up CPU-to-CPU collectives; gloo does the same job.
-            import deepspeed.comm.torch as ds_comm
+            import deepspeed.comm.torch  # `import ... as` would bind deepspeed.comm's attribute `torch`: torch itself
+            ds_comm = sys.modules["deepspeed.comm.torch"]
 
             if hasattr(ds_comm, "build_shm_op"):
                 ds_comm.build_shm_op = lambda: None
