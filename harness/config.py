@@ -26,6 +26,10 @@ Tokens = Annotated[Int, Field(ge=1, le=1_000_000)]
 # that loading a config needs no torch (tests/test_estimators.py checks that they agree).
 AdvEstimator = Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"]
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+NEEDS_CRITIC = frozenset({"gae"})
+"""Estimators that read the critic's values (`harness.algorithms.estimators.NEEDS_CRITIC`, written out likewise)."""
+NEEDS_GROUPS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"})
+"""Estimators that compare the samples of one prompt (`harness.algorithms.estimators.NEEDS_GROUPS`)."""
 
 
 def _checked(ok: Any, allowed: str) -> Any:
@@ -296,8 +300,31 @@ def _file_in_the_way(path: Path) -> Path | None:
 
 
 def cross_checks(cfg: TrainConfig) -> list[str]:
-    """Rules that span fields (and the rules about files: output_dir is creatable, a detector file reads)."""
+    """Every rule that spans fields, in one place (and the rules about files: output_dir is creatable, a
+    detector file reads). What depends on the machine or the launch (CUDA, bf16, DeepSpeed installed,
+    ranks) is harness.parallel.validate's; what depends on the models (paths, vocabularies, context)
+    harness.models.preflight's."""
     p: list[str] = []
+    d, ppo = cfg.distributed, cfg.ppo
+    if not d.deepspeed:
+        for name, value, default in (("zero_stage", d.zero_stage, 0), ("offload_optimizer", d.offload_optimizer, False),
+                                     ("offload_params", d.offload_params, False), ("precision", d.precision, "fp32")):
+            if value != default:
+                p.append(f"distributed.{name}: got {value!r} with distributed.deepspeed=false; allowed: {default!r} "
+                         f"(a DeepSpeed setting; set distributed.deepspeed=true, or use model.autocast=bf16 for mixed precision without it)")
+    else:
+        if d.precision != "fp32" and d.zero_stage == 0:
+            p.append(f"distributed.zero_stage: got 0 with distributed.precision={d.precision!r}; allowed: 1, 2 or 3 "
+                     "(DeepSpeed's stage-0 mixed-precision wrapper takes an extra AdamW step at start-up; stage 1 costs nothing extra)")
+        if d.offload_optimizer and d.zero_stage == 0:
+            p.append("distributed.offload_optimizer: got true with zero_stage=0; allowed: only with zero_stage 1, 2 or 3")
+    G, est = cfg.generation.samples_per_prompt, ppo.adv_estimator
+    if est in NEEDS_GROUPS and G < 2:
+        p.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "
+                 "(the estimator compares the samples of one prompt)")
+    if est not in NEEDS_CRITIC and ppo.critic_pretrain_steps:
+        p.append(f"ppo.critic_pretrain_steps: got {ppo.critic_pretrain_steps} with ppo.adv_estimator={est}; "
+                 "allowed: 0 (a critic-free estimator builds no critic)")
     if cfg.ppo.rollout_batch_size % cfg.ppo.num_minibatches:
         p.append(f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
                  f"ppo.rollout_batch_size={cfg.ppo.rollout_batch_size}")

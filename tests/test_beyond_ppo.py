@@ -6,6 +6,7 @@ from mlflow.tracking import MlflowClient
 from harness import ablate
 from harness import keys as K
 from harness.registry import ABLATIONS_DIR, load_registry
+from harness.schema import ConfigError
 
 TINY_RUN = {"ppo.steps": 2, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 1,
             "generation.max_new_tokens": 8, "data.eval_prompts": 4, "logging.eval_every": 2,
@@ -31,8 +32,10 @@ def test_figure_file_runs_end_to_end(name, tiny_world, tmp_path):
 
 
 def test_grid_preflight_checks_every_variant_not_only_each_model():
-    # every variant shares PPO-max's models and data; a group estimator at G = 1 must still be caught
-    reg = load_registry(ABLATIONS_DIR / "estimators.yaml", overrides={"generation.samples_per_prompt": 1})
-    problems = ablate.preflight(reg)
-    assert any(p.startswith("GRPO: generation.samples_per_prompt: got 1") for p in problems), problems
-    assert not any(p.startswith("PPO-max: generation.samples_per_prompt") for p in problems)
+    # every variant shares PPO-max's models and data; a group estimator at G = 1 must still be caught: a
+    # rule between fields (harness.config.cross_checks), refused as each variant's config loads
+    with pytest.raises(ConfigError) as e:
+        load_registry(ABLATIONS_DIR / "estimators.yaml", overrides={"generation.samples_per_prompt": 1})
+    problems = e.value.problems
+    assert any("variant 'GRPO' seed 0: generation.samples_per_prompt: got 1" in p for p in problems), problems
+    assert not any("variant 'PPO-max'" in p and "samples_per_prompt" in p for p in problems)

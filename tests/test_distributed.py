@@ -427,7 +427,10 @@ def _problems(monkeypatch, overrides_, world=None, bf16=True, ds_error=None):
         monkeypatch.setenv("WORLD_SIZE", str(world))
     else:
         monkeypatch.delenv("WORLD_SIZE", raising=False)
-    cfg = load_config(None, ["device=cpu", *overrides_])
+    try:  # the rules between fields refuse the config when it loads (config.cross_checks), the rest here
+        cfg = load_config(None, ["device=cpu", *overrides_])
+    except ConfigError as e:
+        return "\n".join(e.problems)
     return "\n".join(parallel.validate(cfg))
 
 
@@ -479,7 +482,8 @@ def test_train_refuses_before_any_model_or_mlflow_run(tmp_path, monkeypatch):
 
 
 def test_stop_file_is_honoured_once(tmp_path):
-    from harness.parallel import STOP_FILE, DistEnv, agree_stop
+    from harness.keys import STOP_FILE
+    from harness.parallel import DistEnv, agree_stop
 
     assert agree_stop(DistEnv(), False, tmp_path) is False
     (tmp_path / STOP_FILE).touch()

@@ -26,9 +26,13 @@ def test_config_names_the_registry():
     from harness.algorithms.estimators import LOSS_AGGREGATIONS
     from harness.config import PPOConfig
 
+    from harness import config
+    from harness.algorithms import estimators
+
     hints = typing.get_type_hints(PPOConfig)
     assert typing.get_args(hints["adv_estimator"]) == tuple(ADV_ESTIMATORS)
     assert typing.get_args(hints["loss_aggregation"]) == LOSS_AGGREGATIONS
+    assert config.NEEDS_CRITIC == estimators.NEEDS_CRITIC and config.NEEDS_GROUPS == estimators.NEEDS_GROUPS
 
 
 def test_registry_and_needs():
