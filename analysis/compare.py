@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = load_reference(args.reference)
         ref = doc["figures"]
-        names = args.ablations or [n for n in ablations_in_store(uri) if n in ref]
+        in_store = [] if args.ablations else ablations_in_store(uri)
+        names = args.ablations or [n for n in in_store if n in ref]
         unknown = [n for n in names if n not in ref]
         if unknown:
             raise ValueError(f"{args.reference}: no figure {', '.join(map(repr, unknown))} in the reference "
@@ -344,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UnknownAblation) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for name in (n for n in in_store if n not in ref):  # say what was read, so an empty comparison is not a riddle
+        print(f"{name}: not in the reference (it holds the committed figures only); not compared")
     total_c, total_m, differ, empty = [], [], {}, []
     for name, d in data.items():
         if d.runs.empty:

@@ -174,8 +174,9 @@ def ensure_worlds(reg: Registry, tracking_uri: str, workers: int = 1, *, missing
         print(f"  building {len(todo)} world(s) into {', '.join(todo)} (pretrain, SFT, preference pairs, reward "
               "model: several CPU minutes each, once)", flush=True)
         with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:  # each build in its own process
-            for job in [pool.submit(in_own_process, functools.partial(build_world, progress=len(todo) == 1), cfg, d,
-                                    tracking_uri=tracking_uri, experiment="world", tags=tags)
+            for job in [pool.submit(in_own_process, functools.partial(build_world, progress=len(todo) == 1,
+                                                                      tracking_uri=tracking_uri, experiment="world",
+                                                                      tags=tags), cfg, d)
                         for d, (cfg, tags) in todo.items()]:
                 job.result()
         print(f"  world(s) ready ({time.time() - t0:.0f} s)", flush=True)

@@ -391,12 +391,13 @@ def flat_settings(data: dict[str, Any], leaves: list[str] | None, where: str, pr
 
 def resolve_file(ref: str | None, reg_path: Path, what: str, problems: list[str]) -> dict[str, Any]:
     """The YAML at `ref` (a figure or sweep file's `base:`, a profile's overlay), relative to the file's
-    folder, else to the repo's ablations/ (so a file written elsewhere, a test's tmp dir, can still say
-    `base: bases/vanilla.yaml`); problems name `what`."""
+    folder, else to ./ablations, else to the repo's ablations/ (so a file written elsewhere, a test's tmp
+    dir, a user's own ablations/ folder, can still say `base: bases/vanilla.yaml`); problems name `what`."""
     if not ref:
         return {}
     p = Path(ref).expanduser()
-    candidates = [p] if p.is_absolute() else [reg_path.parent / p, default_ablations_dir() / p]
+    candidates = [p] if p.is_absolute() else list(dict.fromkeys(
+        [reg_path.parent / p, default_ablations_dir() / p, ABLATIONS_DIR / p]))
     for c in filter(Path.is_file, candidates):
         try:
             return read_yaml(c)

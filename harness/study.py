@@ -179,8 +179,11 @@ def run_task(task: Task) -> Outcome:
     """Run one task to its end in this process; never raises except KeyboardInterrupt. A worker
     whose runner died exits once its run has ended KILLED."""
     t0, dog = time.time(), Watchdog(task.runner)
+    uri = (task.world or {}).get("tracking_uri") if task.kind == "world" else (task.cfg.get("logging") or {}).get(
+        "tracking_uri")
     try:
-        out = _build_world(task) if task.kind == "world" else _train(task, dog.check)
+        with tracking.resolved_store(uri):  # the runner's store, whatever this process's environment says
+            out = _build_world(task) if task.kind == "world" else _train(task, dog.check)
     except KeyboardInterrupt:
         if dog.gone.is_set():  # nobody waits for this outcome: leave
             os._exit(0)

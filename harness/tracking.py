@@ -49,6 +49,24 @@ def resolve_uri(flag: str | None = None, configured: str | None = None) -> str:
     return flag or os.environ.get("MLFLOW_TRACKING_URI") or configured or DEFAULT_TRACKING_URI
 
 
+@contextlib.contextmanager
+def resolved_store(uri: str | None):
+    """$MLFLOW_TRACKING_URI = `uri` inside the block (restored after). A runner resolves the store once
+    (resolve_uri: its --tracking-uri first) and hands it to a run as logging.tracking_uri, which the run's
+    own resolve_uri ranks below the variable: a worker runs its task in this block, so that a variable
+    exported in the shell cannot send the run to another store than its runner's (the parent's)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a sqlite URL (sqlite:///relative.db, sqlite:////abs.db, sqlite+driver://...),
     parsed as SQLAlchemy (MLflow's and Optuna's SQL layer) parses it; None for any other store."""

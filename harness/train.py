@@ -350,6 +350,11 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
         trainer.load_state_dict(state)
         detector.load_state_dict(json.loads(state["detector"]))
         best.state, start_step = json.loads(state["best"]), int(state["step"])
+        # what the checkpoint's steps did: a collapse before it (flagged once, never again), and its
+        # step when none is left to train (a run killed after its last checkpoint, before its end)
+        result.steps_done = start_step
+        if detector.event is not None:
+            result.collapsed, result.collapse_step = True, detector.event.step
     else:
         trainer.seed_reward_stats()
         for k in range(cfg.ppo.critic_pretrain_steps):

@@ -1,0 +1,447 @@
+"""The study layer (harness.study) as a user meets it, on the tiny world with real sqlite MLflow and
+Optuna stores in tmp_path and real processes: kill -9 of a grid's runner alone (its workers end
+their runs KILLED and exit; the rerun resumes them, no step trained or logged twice); two sweeps
+started at once (no two trials drawn alike); $MLFLOW_TRACKING_URI followed by every writer and
+reader, and --tracking-uri beating it; a rerun that clears an earlier attempt's failure tags; a grid
+over two worlds; a sweep through submitit; one process per run folder; a resumed run that keeps its
+collapse and its step count.
+
+Grids train 40-step runs (long enough to be in flight when killed), sweeps 2-step trials.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+import torch
+from conftest import fast_overrides
+from optuna.trial import TrialState
+from test_ablate import VARIANTS, tiny_grid
+from test_sweep import write_sweep
+
+from harness import ablate, sweep, tracking
+from harness import keys as K
+from harness import train as harness_train
+from harness.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 40
+LONG = ["--set", f"ppo.steps={STEPS}"]  # the grid files of test_ablate train 20 steps
+
+
+def store_uri(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def grid_argv(store: Path, path: Path, *more: str) -> list[str]:
+    return [str(path), "--tracking-uri", store_uri(store), "--runs-dir", str(store / "runs"), "--threads", "1",
+            "--no-progress", *more]
+
+
+def runs_in(uri: str, experiment: str, role: str = "train") -> list:
+    """Runs of the experiment with this harness.role, oldest first ([] before it exists). The client
+    creates a new store under the lock the runners take."""
+    c = tracking.client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    found = c.search_runs([exp.experiment_id], f"tags.`{K.TAG_ROLE}` = '{role}'") if exp else []
+    return sorted(found, key=lambda r: r.info.start_time)
+
+
+def last_step(uri: str, run_id: str) -> int:
+    return max((m.step for m in tracking.client(uri).get_metric_history(run_id, K.RM_SCORE)), default=0)
+
+
+def points(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """metric -> every logged (step, value), in step order (perf/ timings left out)."""
+    c = tracking.client(uri)
+    return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k))
+            for k in c.get_run(run_id).data.metrics if not k.startswith("perf/")}
+
+
+def logged_twice(pts: dict[str, list[tuple[int, float]]]) -> list[str]:
+    return [f"{k}@{s}" for k, p in pts.items() for s, n in Counter(s for s, _ in p).items() if n > 1]
+
+
+def assert_resumed_like(uri: str, run_id: str, reference_id: str) -> None:
+    """The resumed run holds every point of the uninterrupted one, each once, with the same value."""
+    got, want = points(uri, run_id), points(uri, reference_id)
+    assert not logged_twice(got), f"points logged twice after the resume: {logged_twice(got)[:5]}"
+    assert got == want
+
+
+@contextlib.contextmanager
+def started(module: str, argv: list[str], cwd: Path, log: Path, **env: str):
+    """`python -m module argv` in a session of its own (as a runner started from a shell); whatever
+    of that session is still alive at the end is killed."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=cwd, env=full_env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_for(found, proc: subprocess.Popen, what: str, log: Path, timeout_s: float = 300):
+    """Poll `found()` until it is truthy (the runner must still be alive meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not (hit := found()):
+        assert proc.poll() is None, f"the runner ended before {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    return hit
+
+
+def alive_in(session: int, folder: Path) -> list[str]:
+    """Processes (zombies aside) of this session, or whose command line names `folder`."""
+    left = []
+    for p in psutil.process_iter(["status", "cmdline"]):
+        try:
+            mine = os.getsid(p.pid) == session or str(folder) in " ".join(p.info["cmdline"] or [])
+            if mine and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
+                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:200]}")
+        except (OSError, psutil.Error):
+            continue  # gone meanwhile, or not ours to see
+    return left
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """One MLflow store for the grids of this module (each under its own name)."""
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, store, tiny_world) -> dict:
+    """test_ablate's tiny grid at 40 steps, uninterrupted (2 local workers): variant -> its run."""
+    path = tiny_grid(tmp_path_factory.mktemp("ref"), tiny_world, "study_ref")
+    assert ablate.main(grid_argv(store, path, "--workers", "2", *LONG)) == 0
+    return {r.data.tags[K.TAG_VARIANT]: r for r in runs_in(store_uri(store), "study_ref")}
+
+
+# ---------------------------------------------------------------------------- 1. kill -9 of the runner alone
+@pytest.mark.slow
+def test_kill_9_of_the_runner_alone_ends_its_workers_and_the_rerun_resumes_each_step_once(
+        tmp_path, store, tiny_world, reference, capsys):
+    uri, path, log = store_uri(store), tiny_grid(tmp_path, tiny_world, "orphan_grid"), tmp_path / "runner.log"
+    with started("harness.ablate", grid_argv(store, path, "--workers", "2", *LONG), REPO, log) as proc:
+        # both runs in flight, each past step 2 (so each has a checkpoint)
+        wait_for(lambda: len([r for r in runs_in(uri, "orphan_grid") if last_step(uri, r.info.run_id) >= 2]) == 2,
+                 proc, "two runs past step 2", log)
+        os.kill(proc.pid, signal.SIGKILL)  # the runner alone, not its process group
+        proc.wait()
+        # each worker sees its runner gone within a second, ends its run at the next step and exits
+        deadline = time.monotonic() + 45
+        while (left := alive_in(proc.pid, tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, "processes of the killed runner still alive after 45 s:\n" + "\n".join(left)
+    killed = runs_in(uri, "orphan_grid")
+    assert len(killed) == 2
+    for r in killed:  # ended by their workers (no runner has looked at the store since), long before the end
+        assert r.info.status == "KILLED", r.info
+        assert last_step(uri, r.info.run_id) < STEPS
+
+    capsys.readouterr()
+    assert ablate.main(grid_argv(store, path, "--workers", "2", *LONG)) == 0
+    assert "0 finished earlier, 2 to resume, 0 to start" in capsys.readouterr().out
+    runs = runs_in(uri, "orphan_grid")
+    assert [r.info.run_id for r in runs] == [r.info.run_id for r in killed]  # resumed into the same MLflow runs
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    for r in runs:
+        assert_resumed_like(uri, r.info.run_id, reference[r.data.tags[K.TAG_VARIANT]].info.run_id)
+    (parent,) = runs_in(uri, "orphan_grid", "parent")
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+
+
+# ---------------------------------------------------------------------------- 2. two sweeps at once
+def draws(sampler: optuna.samplers.BaseSampler, n: int, studies: int = 1) -> list[dict]:
+    """Params of trials 0..n-1 of one in-memory study, asked in turn by `studies` runners (each its own
+    Study object with its own sampler made by `sampler`) and told complete at once."""
+    storage = optuna.storages.InMemoryStorage()
+    runners = [optuna.create_study(storage=storage, study_name="s", sampler=sampler(), load_if_exists=True)
+               for _ in range(studies)]
+    for i in range(n):
+        study = runners[i % studies]
+        t = study.ask()
+        t.suggest_float("x", 0.001, 0.5, log=True)
+        t.suggest_int("k", 1, 1000)
+        study.tell(t, 0.0)
+    return [t.params for t in runners[0].get_trials()]
+
+
+def test_trial_seeded_sampler_draws_by_trial_number():
+    def seeded(make, seed: int = 0):
+        return lambda: sweep.TrialSeeded(make, seed)
+
+    def rand(seed):
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    def tpe(seed):
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
+
+    one = draws(seeded(rand), 6)
+    assert draws(seeded(rand), 6) == one  # the same seed and trial numbers: the same draws
+    assert draws(seeded(rand), 6, studies=2) == one  # two runners taking turns on one study: still the same
+    assert len({tuple(p.items()) for p in one}) == 6  # every trial number draws other values
+    assert draws(seeded(rand, seed=1), 6) != one
+    assert draws(seeded(tpe), 3, studies=2) == draws(seeded(tpe), 3)  # TPE's random start-up trials too
+    assert len({tuple(p.items()) for p in draws(seeded(tpe), 3)}) == 3
+
+
+@pytest.mark.slow
+def test_two_sweeps_started_at_once_draw_by_trial_number_under_one_parent(tmp_path, tiny_world):
+    path = write_sweep(tmp_path, tiny_world, "twins", trials=4)
+    argv = [str(path), "--tracking-uri", store_uri(tmp_path), "--threads", "1", "--set", "sweep.sampler.name=random"]
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(started("harness.sweep", argv, tmp_path, tmp_path / f"sweep{i}.log"))
+                 for i in range(2)]
+        codes = [p.wait(timeout=600) for p in procs]
+    assert codes == [0, 0], "\n".join((tmp_path / f"sweep{i}.log").read_text()[-2000:] for i in range(2))
+    trials = optuna.load_study(study_name="twins", storage=f"sqlite:///{tmp_path / 'optuna.db'}").get_trials()
+    assert len(trials) >= 4 and {t.state for t in trials} == {TrialState.COMPLETE}
+    params = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(params)) == len(params), f"two trials drew the same values: {params}"
+    # trial n draws what the sweep's sampler draws for trial n, whichever runner asked it
+    spec = sweep.load_sweep(path, ["sweep.sampler.name=random"], store_uri(tmp_path))
+    study = optuna.create_study(sampler=sweep.make_sampler(spec))
+    for _ in trials:
+        t = study.ask()
+        for k, d in spec.space.items():
+            d.suggest(t, k)
+        study.tell(t, 0.0)
+    assert [t.params for t in trials] == [t.params for t in study.get_trials()]
+
+    (parent,) = runs_in(store_uri(tmp_path), "twins", "parent")
+    assert parent.info.status == "FINISHED"
+    c = tracking.client(store_uri(tmp_path))
+    twice = {k: steps for k in parent.data.metrics
+             if len(steps := [m.step for m in c.get_metric_history(parent.info.run_id, k)]) != len(set(steps))}
+    assert not twice, f"parent metrics with two points at one step: {twice}"
+    assert len(runs_in(store_uri(tmp_path), "twins")) == len(trials)
+
+
+# ---------------------------------------------------------------------------- 3. $MLFLOW_TRACKING_URI
+@pytest.mark.slow
+def test_mlflow_tracking_uri_is_the_store_of_every_writer_and_reader_and_a_flag_beats_it(
+        tmp_path, tiny_world, monkeypatch, capsys):
+    from analysis import compare
+    from reports import build
+
+    store = tmp_path / "elsewhere"
+    env_uri = store_uri(store)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)
+    monkeypatch.chdir(tmp_path)  # ./ablations is the registry; results/, runs/ and a default store would land here
+    (tmp_path / "ablations").mkdir()
+    tiny_grid(tmp_path / "ablations", tiny_world, "env_grid")
+    sweep_file = write_sweep(tmp_path / "ablations", tiny_world, "env_sweep", trials=2)
+    for module, argv in (("harness.ablate", ["env_grid", "--variant", VARIANTS[0]]),
+                         ("harness.sweep", [str(sweep_file)])):
+        log = tmp_path / f"{module}.log"
+        with started(module, argv, tmp_path, log) as proc:
+            assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+
+    assert {r.info.status for r in runs_in(env_uri, "env_grid")} == {"FINISHED"}
+    assert len(runs_in(env_uri, "env_grid")) == 1 and len(runs_in(env_uri, "env_sweep")) == 2
+    trials = optuna.load_study(study_name="env_sweep", storage=f"sqlite:///{store / 'optuna.db'}").get_trials()
+    assert {t.state for t in trials} == {TrialState.COMPLETE}  # the study beside the variable's store
+
+    capsys.readouterr()
+    assert build.main([]) == 0
+    out = capsys.readouterr().out
+    for name in ("env_grid", "env_sweep"):
+        assert f"{name}: results/{name}/report.pdf" in out and (tmp_path / "results" / name / "report.pdf").is_file()
+    assert compare.main([]) == 0  # reads the variable's store (else: "no such MLflow store", exit 2)
+    out = capsys.readouterr().out
+    assert "env_grid: not in the reference" in out and "0 of 0 claims agree" in out
+
+    # a runner's --tracking-uri beats the variable, for its runs too (they train in other processes)
+    flag = tmp_path / "flag"
+    log = tmp_path / "flag.log"
+    with started("harness.ablate", ["env_grid", "--variant", VARIANTS[1], "--set", "ppo.steps=2", "--tracking-uri",
+                                    store_uri(flag)], tmp_path, log) as proc:
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    (run,) = runs_in(store_uri(flag), "env_grid")
+    assert run.info.status == "FINISHED" and run.data.tags[K.TAG_VARIANT] == VARIANTS[1]
+    assert run.data.tags["mlflow.parentRunId"] == runs_in(store_uri(flag), "env_grid", "parent")[0].info.run_id
+    assert len(runs_in(env_uri, "env_grid")) == 1  # nothing of it in the variable's store
+
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("mlflow.db", "optuna.db", "mlruns"))]
+
+
+# ---------------------------------------------------------------------------- 4. a rerun clears old failures
+@pytest.mark.slow
+def test_a_grid_rerun_after_a_dead_worker_leaves_its_parent_finished_without_failure_tags(
+        tmp_path, store, tiny_world, reference, capsys):
+    uri, path, log = store_uri(store), tiny_grid(tmp_path, tiny_world, "flaky_grid"), tmp_path / "runner.log"
+    with started("harness.ablate", grid_argv(store, path, "--workers", "2", *LONG), REPO, log) as proc:
+        victim = wait_for(lambda: next((r for r in runs_in(uri, "flaky_grid")
+                                        if r.data.tags[K.TAG_VARIANT] == VARIANTS[0]
+                                        and last_step(uri, r.info.run_id) >= 2), None), proc, "a run past step 2", log)
+        os.kill(int(victim.data.tags[K.TAG_PID]), signal.SIGKILL)  # its worker process, as the OOM killer would
+        assert proc.wait(timeout=600) == 1, log.read_text()[-3000:]
+    (parent,) = runs_in(uri, "flaky_grid", "parent")
+    assert parent.info.status == "FAILED" and "worker process died" in parent.data.tags["harness.failed"]
+
+    capsys.readouterr()
+    assert ablate.main(grid_argv(store, path, "--workers", "2", *LONG)) == 0
+    assert "1 finished earlier, 1 to resume" in capsys.readouterr().out
+    (parent,) = runs_in(uri, "flaky_grid", "parent")
+    assert parent.info.status == "FINISHED" and parent.data.tags["harness.failed_runs"] == "0"
+    assert not {"harness.failed", K.TAG_FAILURE} & set(parent.data.tags)
+    c = tracking.client(uri)
+    grid = {key: sorted((m.step, m.value) for m in c.get_metric_history(parent.info.run_id, key))
+            for key in ("grid/runs", "grid/failed", "grid/collapsed")}
+    assert {key: [s for s, _ in p] for key, p in grid.items()} == dict.fromkeys(grid, [0, 1])  # once per invocation
+    assert grid["grid/failed"] == [(0, 1), (1, 0)]
+    runs = runs_in(uri, "flaky_grid")
+    assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 2
+    for r in runs:
+        assert_resumed_like(uri, r.info.run_id, reference[r.data.tags[K.TAG_VARIANT]].info.run_id)
+
+
+@pytest.mark.slow
+def test_a_sweep_rerun_after_a_dead_worker_leaves_its_parent_finished_without_the_failure_reason(tmp_path, tiny_world):
+    path = write_sweep(tmp_path, tiny_world, "flaky_sweep", trials=1, steps=STEPS)
+    uri, log = store_uri(tmp_path), tmp_path / "sweep.log"
+    argv = [str(path), "--tracking-uri", uri, "--threads", "1"]
+    with started("harness.sweep", argv, tmp_path, log) as proc:
+        run = wait_for(lambda: next((r for r in runs_in(uri, "flaky_sweep") if last_step(uri, r.info.run_id) >= 1),
+                                    None), proc, "a trial past step 1", log)
+        os.kill(int(run.data.tags[K.TAG_PID]), signal.SIGKILL)
+        assert proc.wait(timeout=600) == 1, log.read_text()[-3000:]
+    (parent,) = runs_in(uri, "flaky_sweep", "parent")
+    assert parent.info.status == "FAILED" and "worker process died" in parent.data.tags[K.TAG_FAILURE]
+
+    assert sweep.main(argv) == 0  # makes the trial up
+    (parent,) = runs_in(uri, "flaky_sweep", "parent")
+    assert parent.info.status == "FINISHED" and K.TAG_FAILURE not in parent.data.tags
+    c = tracking.client(uri)
+    for key in parent.data.metrics:
+        steps = [m.step for m in c.get_metric_history(parent.info.run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key}: {steps}"
+    study = optuna.load_study(study_name="flaky_sweep", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    states = [t.state for t in study.get_trials()]
+    assert states == [TrialState.FAIL, TrialState.COMPLETE]  # the interrupted trial, made up
+
+
+# ---------------------------------------------------------------------------- 5. a grid over two worlds
+@pytest.mark.slow
+def test_a_grid_over_two_worlds_builds_each_once_and_tags_its_runs(tmp_path, tiny_world, monkeypatch, capsys):
+    from harness.world import TINY
+
+    monkeypatch.chdir(tmp_path)  # the worlds' cache, .harness/worlds/, is under the working directory
+    worlds = "worlds: [0, 1]\nworld_set:\n" + "".join(f"  {k}: {v}\n" for k, v in TINY.items())
+    path = tiny_grid(tmp_path, tiny_world, "worlds_grid", extra_variant=worlds)
+    argv = grid_argv(tmp_path, path, "--variant", VARIANTS[0], "--set", "ppo.steps=4", "--workers", "2")
+
+    assert ablate.main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs (1 variants x 1 seeds x 2 worlds)" in out
+    assert out.count("(to be built by the runner)") == 2 and "reward-scale-s0-w0" in out and "reward-scale-s0-w1" in out
+    assert not (tmp_path / ".harness").exists() and not (tmp_path / "mlflow.db").exists()
+
+    assert ablate.main(argv) == 0
+    uri = store_uri(tmp_path)
+    built = {r.data.tags[K.TAG_WORLD_SEED]: r for r in runs_in(uri, "world", "world")}
+    assert sorted(built) == ["0", "1"] and {r.info.status for r in built.values()} == {"FINISHED"}
+    folders = sorted(f for f in (tmp_path / ".harness" / "worlds").iterdir() if not f.name.startswith("."))  # no locks
+    assert len(folders) == 2
+    runs = {r.data.tags[K.TAG_WORLD_SEED]: r for r in runs_in(uri, "worlds_grid")}
+    assert sorted(runs) == ["0", "1"] and {r.info.status for r in runs.values()} == {"FINISHED"}
+    for w, r in runs.items():
+        assert r.info.run_name.endswith(f"-w{w}")
+        world = r.data.tags["provenance.world.hash"]
+        assert r.data.params["data.world_dir"].endswith(world) and built[w].data.tags[K.TAG_CONFIG_HASH] == world
+    assert runs["0"].data.tags["provenance.world.hash"] != runs["1"].data.tags["provenance.world.hash"]
+
+    stamps = {f: (f / "world.json").stat().st_mtime_ns for f in folders}
+    capsys.readouterr()
+    assert ablate.main([*argv, "--worlds", "0,1"]) == 0  # the same grid, its worlds named on the command line
+    out = capsys.readouterr().out
+    assert "2 finished earlier, 0 to resume, 0 to start" in out and "building" not in out
+    assert {f: (f / "world.json").stat().st_mtime_ns for f in folders} == stamps  # nothing rebuilt
+    assert len(runs_in(uri, "world", "world")) == 2 and len(runs_in(uri, "worlds_grid")) == 2
+
+
+# ---------------------------------------------------------------------------- 6. a sweep through submitit
+@pytest.mark.slow
+def test_a_sweep_runs_its_trial_as_a_submitit_job(tmp_path, tiny_world):
+    path = write_sweep(tmp_path, tiny_world, "job_sweep", trials=1)
+    uri = store_uri(tmp_path)
+    assert sweep.main([str(path), "--tracking-uri", uri, "--threads", "1", "--runs-dir", str(tmp_path / "runs"),
+                       "--executor", "submitit-local", "--workers", "1"]) == 0
+    (trial,) = optuna.load_study(study_name="job_sweep", storage=f"sqlite:///{tmp_path / 'optuna.db'}").get_trials()
+    assert trial.state == TrialState.COMPLETE and trial.value is not None
+    (run,) = runs_in(uri, "job_sweep")
+    assert run.info.status == "FINISHED" and run.data.tags[K.TAG_TRIAL_STATE] == "COMPLETE"
+    assert run.data.tags["mlflow.parentRunId"] == runs_in(uri, "job_sweep", "parent")[0].info.run_id
+    assert list((tmp_path / "runs" / "job_sweep" / "submitit").glob("*_result.pkl"))  # submitit ran it
+    assert int(run.data.tags[K.TAG_PID]) != os.getpid()
+
+
+# ---------------------------------------------------------------------------- 7. one process per run folder
+@pytest.mark.slow
+def test_a_second_train_of_a_run_folder_in_training_waits_then_is_refused(tmp_path, tiny_world, monkeypatch, capsys):
+    def argv(**extra) -> list[str]:
+        return [a for o in fast_overrides(tiny_world, tmp_path, **{"logging.run_name": "held", **extra})
+                for a in ("--set", o)]
+
+    run_dir, log, uri = tmp_path / "runs" / "held", tmp_path / "holder.log", store_uri(tmp_path)
+    monkeypatch.setattr(harness_train, "RUN_LOCK_WAIT_S", 3.0)
+    with started("harness.train", argv(**{"ppo.steps": 500}), tmp_path, log) as holder:
+        wait_for(lambda: (run_dir / "run.json").exists(), holder, "the holder's run", log)
+        t0 = time.monotonic()
+        assert harness_train.main(argv()) == 2
+        waited = time.monotonic() - t0
+        err = capsys.readouterr().err
+        assert f"logging.run_name: {run_dir} is being trained by another process" in err and "held for 3 s" in err
+        assert waited >= 3.0
+        (run,) = runs_in(uri, "harness")  # no second run, and the holder trains on
+        assert run.info.status == "RUNNING" and holder.poll() is None
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    # the lock goes with its holder: the folder can be trained again at once
+    assert harness_train.main(argv(**{"ppo.steps": 2})) == 0
+    assert [r.info.status for r in runs_in(uri, "harness")] == ["RUNNING", "FINISHED"]
+
+
+# ---------------------------------------------------------------------------- a resume keeps what was done
+@pytest.mark.slow
+def test_a_run_resumed_after_it_collapsed_stays_collapsed_and_a_finished_one_stays_finished(tmp_path, tiny_world):
+    """A worker stopped by its runner's death (KeyboardInterrupt at a step's end, as the Watchdog does)
+    after the run collapsed, then resumed: the outcome, the tag and the checkpoint are the uninterrupted
+    run's. A negative collapse margin flags every run whose gold does not rise by 100 (all of them)."""
+    def cfg(name: str):
+        return load_config(None, fast_overrides(tiny_world, tmp_path, **{
+            "ppo.steps": 6, "logging.checkpoint_every": 1, "logging.run_name": name, "collapse.margin": -100,
+            "collapse.baseline_steps": 1, "collapse.window": 1, "collapse.confirm": 1}))
+
+    def stop_at_4(step: int, metrics: dict) -> bool:
+        if step == 4:
+            raise KeyboardInterrupt("the runner of this study is gone")
+        return False
+
+    def seen(res) -> tuple:
+        ckpt = torch.load(Path(res.run_dir) / "ckpt" / "state.pt", weights_only=True)["step"]
+        tag = tracking.client(store_uri(tmp_path)).get_run(res.run_id).data.tags[K.TAG_COLLAPSED]
+        return res.status, res.steps_done, res.collapsed, res.collapse_step, tag, ckpt
+
+    whole = harness_train.train(cfg("whole"))
+    assert whole.collapsed and whole.collapse_step < 4  # the premise: collapsed before the cut
+    with pytest.raises(KeyboardInterrupt):
+        harness_train.train(cfg("cut"), on_step=stop_at_4)
+    assert seen(harness_train.train(cfg("cut"), resume=True)) == seen(whole)
+    assert seen(harness_train.train(cfg("whole"), resume=True)) == seen(whole)  # resuming a finished run: a no-op
