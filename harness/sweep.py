@@ -426,7 +426,8 @@ class TrialSeeded(optuna.samplers.BaseSampler):
         self._of(trial).before_trial(study, trial)
 
     def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-        self._by_trial.pop(trial.number, self.make(None)).after_trial(study, trial, state, values)
+        sampler = self._by_trial.pop(trial.number, None) or self.make(None)  # the trial's (another runner's: a fresh one)
+        sampler.after_trial(study, trial, state, values)
 
 
 def make_sampler(spec: SweepSpec) -> Any:

@@ -36,9 +36,13 @@ def test_every_figure_has_its_registry_file():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_every_registry_file_passes_dry_run(path, capsys):
-    assert ablate.main([str(path), "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    rc = ablate.main([str(path), "--dry-run"])
+    out, err = capsys.readouterr()
     assert "all configs valid" in out
+    # a clone where no world is built yet (CI) cannot run a train grid, and the dry run says so (rc 2): only that
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert (rc, problems) == (0, []) or (rc == 2 and problems and all(
+        "holds no built world" in p or "harness.main" in p for p in problems)), err
     reg = load_registry(path)
     assert reg.name == path.stem
     assert reg.runs and len(reg.runs) == len(reg.variants) * len(reg.seeds)
