@@ -317,12 +317,13 @@ def test_kl_in_the_loss_and_loss_aggregations_run(tiny_world, tmp_path, extra):
 
 
 def test_group_estimators_need_two_samples_per_prompt():
-    from harness.parallel import validate  # the rules that need the estimators' registry (torch-free config)
+    # rules between fields: refused as the config loads (harness.config.cross_checks), before any model
+    with pytest.raises(ConfigError, match="generation.samples_per_prompt: got 1 with ppo.adv_estimator=rloo; allowed: 2 or more"):
+        load_config(None, ["ppo.adv_estimator=rloo"])
+    with pytest.raises(ConfigError, match="ppo.critic_pretrain_steps: got 2 with ppo.adv_estimator=remax; allowed: 0"):
+        load_config(None, ["ppo.adv_estimator=remax", "ppo.critic_pretrain_steps=2"])
+    from harness.parallel import validate
 
-    assert "generation.samples_per_prompt: got 1 with ppo.adv_estimator=rloo; allowed: 2 or more" in " ".join(
-        validate(load_config(None, ["ppo.adv_estimator=rloo"]), "cpu", 1))
-    assert "ppo.critic_pretrain_steps: got 2 with ppo.adv_estimator=remax; allowed: 0" in " ".join(
-        validate(load_config(None, ["ppo.adv_estimator=remax", "ppo.critic_pretrain_steps=2"]), "cpu", 1))
     assert validate(load_config(None, ["ppo.adv_estimator=grpo", "generation.samples_per_prompt=4"]), "cpu", 1) == []
     with pytest.raises(ConfigError, match=r"ppo.rollout_batch_size: got 32; allowed: a multiple of generation.samples_per_prompt=3"):
         load_config(None, ["ppo.adv_estimator=grpo", "generation.samples_per_prompt=3"])
