@@ -17,6 +17,7 @@ def test_installed_package_lists_and_dry_runs_from_another_directory(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(REPO)],
                    check=True, capture_output=True)
     assert (site / "harness" / "ablate.py").is_file()
+    assert (site / "harness" / "detector_params.json").is_file()  # the default early-warning detector ships
     assert [p.name for p in site.iterdir() if (p / "__init__.py").is_file()] == ["harness"]  # no analysis, reports
     env = {**os.environ, "PYTHONPATH": str(site)}  # the installed copy, not the checkout
 
@@ -30,8 +31,8 @@ def test_installed_package_lists_and_dry_runs_from_another_directory(tmp_path):
     assert r.returncode == 2 and "no figure files" in r.stderr and "--registry" in r.stderr
     r = ablate("--list", "--registry", str(REPO / "ablations"))
     assert r.returncode == 0 and "score_reparam.yaml" in r.stdout
-    r = ablate(str(REPO / "ablations" / "score_reparam.yaml"), "--dry-run")
-    assert r.returncode == 0 and "all configs valid" in r.stdout
+    r = ablate(str(REPO / "ablations" / "score_reparam.yaml"), "--dry-run")  # valid; no world is built here (rc 2)
+    assert r.returncode == 2 and "all configs valid" in r.stdout and "holds no built world" in r.stderr, r.stderr
     r = run("harness.main", "--ablation", str(REPO / "ablations" / "score_reparam.yaml"))
     assert r.returncode == 2 and "run it from a checkout" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     assert not list(elsewhere.iterdir())  # no store, no runs
