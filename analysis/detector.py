@@ -52,9 +52,9 @@ from harness.summary import fmt
 NEEDED = sorted(set(SIGNALS.values()) | {K.GOLD_SCORE, K.KL, K.PPL, K.APPROX_KL})
 MIN_FIT_RUNS = 20  # fewer fit runs, or fewer than MIN_EACH of either kind, make no detector
 MIN_EACH = 5
-LEAD = 20
-FA_TARGET = 0.05
-PATIENCE = 3
+LEADS = (10, 20, 30)  # steps before the onset labelled collapsing, tried by cross-validation
+PATIENCES = (3, 5)  # steps over the threshold before a warning, likewise
+FA_TARGET = 0.1
 DEFAULT_FIT_FILES = ("score_reparam", "policy_constraints", "adv_value_clip", "kl_eta", "ppo_max")
 RESULTS = Path("results") / "detector"
 
@@ -162,31 +162,99 @@ def feature_rows(r: RunData, window: int, baseline_steps: int) -> tuple[np.ndarr
     return np.asarray(steps), np.asarray(rows, dtype=float).reshape(-1, len(FEATURES))
 
 
-def fit(runs: list[RunData], *, lead: int = LEAD, fa_target: float = FA_TARGET, patience: int = PATIENCE,
-        window: int = 10, baseline_steps: int = 5, provenance: dict[str, Any] | None = None) -> DetectorParams:
-    """The logistic detector fit on `runs` (their steps labelled 1 from `lead` steps before the onset
-    on), its threshold the lowest with at most `fa_target` false alarms over these runs."""
+_FEATS: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _features_of(r: RunData, window: int, baseline_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    key = (r.run_id, window, baseline_steps)
+    if key not in _FEATS:
+        _FEATS[key] = feature_rows(r, window, baseline_steps)
+    return _FEATS[key]
+
+
+def _train(runs: list[RunData], lead: int, window: int, baseline_steps: int) -> tuple[np.ndarray, ...]:
+    """(mean, scale, coef, intercept) of the logistic model on the runs' steps, labelled 1 from `lead`
+    steps before the onset on."""
     from sklearn.linear_model import LogisticRegression
 
-    fell = sum(r.fell for r in runs)
-    if len(runs) < MIN_FIT_RUNS or fell < MIN_EACH or len(runs) - fell < MIN_EACH:
-        raise ConfigError([f"fit: got {len(runs)} runs ({fell} whose gold fell, {len(runs) - fell} whose gold never fell); "
-                           f"allowed: at least {MIN_FIT_RUNS} runs with at least {MIN_EACH} of each kind (a detector fit "
-                           "on fewer says nothing that carries to other runs)"])
     xs, ys = [], []
     for r in runs:
-        steps, x = feature_rows(r, window, baseline_steps)
+        steps, x = _features_of(r, window, baseline_steps)
         xs.append(x)
         ys.append((steps >= r.onset - lead) if r.fell else np.zeros(len(steps), dtype=bool))
     X, y = np.vstack(xs), np.concatenate(ys)
     mean, scale = X.mean(0), X.std(0)
     scale[scale < 1e-9] = 1.0
     model = LogisticRegression(C=1.0, class_weight="balanced", max_iter=2000).fit((X - mean) / scale, y)
-    params = DetectorParams(features=list(FEATURES), mean=mean.tolist(), scale=scale.tolist(),
-                            coef=model.coef_[0].tolist(), intercept=float(model.intercept_[0]), threshold=0.5,
+    return mean, scale, model.coef_[0], float(model.intercept_[0])
+
+
+def _warnings(runs: list[RunData], model: tuple, window: int, baseline_steps: int, threshold: float,
+              patience: int) -> list[int | None]:
+    """Each run's warning step under `model` (the scores harness.detector computes, here at once per run)."""
+    mean, scale, coef, b = model
+    out = []
+    for r in runs:
+        steps, x = _features_of(r, window, baseline_steps)
+        z = np.clip(b + ((x - mean) / scale) @ coef, -60, 60)
+        out.append(first_streak(list(zip(steps.tolist(), (1 / (1 + np.exp(-z))).tolist())), threshold, patience))
+    return out
+
+
+def _threshold(runs: list[RunData], model: tuple, window: int, baseline_steps: int, patience: int,
+               fa_target: float) -> float:
+    return choose_threshold(lambda t: _warnings(runs, model, window, baseline_steps, t, patience), runs, THRESHOLDS,
+                            fa_target)
+
+
+def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], patiences: tuple[int, ...],
+           window: int, baseline_steps: int) -> tuple[int, int, list[dict[str, Any]]]:
+    """(lead, patience) by cross-validation over the fit runs' figure files (leave one file out: fit and
+    choose the threshold on the others, warn on it): the longest median lead among the settings whose
+    pooled out-of-file false alarms are within fa_target and recall at least 0.9, else the best recall
+    minus false alarms. Only fit runs are used: the held-out runs stay unseen."""
+    files = sorted({r.ablation for r in runs})
+    table = []
+    for lead in leads:
+        for patience in patiences:
+            warns: dict[str, int | None] = {}
+            for f in files:
+                train = [r for r in runs if r.ablation != f]
+                if sum(r.fell for r in train) < MIN_EACH or sum(not r.fell for r in train) < MIN_EACH:
+                    continue
+                model = _train(train, lead, window, baseline_steps)
+                t = _threshold(train, model, window, baseline_steps, patience, fa_target)
+                test = [r for r in runs if r.ablation == f]
+                warns |= dict(zip((r.run_id for r in test), _warnings(test, model, window, baseline_steps, t, patience)))
+            scored = [r for r in runs if r.run_id in warns]
+            s = score(scored, [warns[r.run_id] for r in scored])
+            table.append({"lead": lead, "patience": patience, "recall": s["recall"], "fa_rate": s["fa_rate"],
+                          "lead_median": s["lead_median"], "runs": s["runs"]})
+    ok = [row for row in table if row["fa_rate"] <= fa_target and row["recall"] >= 0.9 and row["runs"]]
+    best = (max(ok, key=lambda row: (np.nan_to_num(row["lead_median"], nan=-1e9), row["recall"])) if ok
+            else max(table, key=lambda row: np.nan_to_num(row["recall"] - row["fa_rate"], nan=-1e9)))
+    return best["lead"], best["patience"], table
+
+
+def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, ...] = LEADS,
+        patiences: tuple[int, ...] = PATIENCES, window: int = 10, baseline_steps: int = 5,
+        provenance: dict[str, Any] | None = None) -> DetectorParams:
+    """The logistic detector fit on `runs`: its label lead and patience chosen by `select` (cross-validation
+    over the runs' figure files), then the model on every run, its threshold the lowest with at most
+    `fa_target` false alarms over them."""
+    fell = sum(r.fell for r in runs)
+    if len(runs) < MIN_FIT_RUNS or fell < MIN_EACH or len(runs) - fell < MIN_EACH:
+        raise ConfigError([f"fit: got {len(runs)} runs ({fell} whose gold fell, {len(runs) - fell} whose gold never fell); "
+                           f"allowed: at least {MIN_FIT_RUNS} runs with at least {MIN_EACH} of each kind (a detector fit "
+                           "on fewer says nothing that carries to other runs)"])
+    lead, patience, table = select(runs, fa_target=fa_target, leads=leads, patiences=patiences, window=window,
+                                   baseline_steps=baseline_steps)
+    model = _train(runs, lead, window, baseline_steps)
+    mean, scale, coef, b = model
+    params = DetectorParams(features=list(FEATURES), mean=mean.tolist(), scale=scale.tolist(), coef=coef.tolist(),
+                            intercept=b, threshold=_threshold(runs, model, window, baseline_steps, patience, fa_target),
                             patience=patience, window=window, baseline_steps=baseline_steps,
-                            provenance=dict(provenance or {}))
-    params.threshold = choose_threshold(lambda t: [warn_step(params, r, t) for r in runs], runs, THRESHOLDS, fa_target)
+                            provenance={**(provenance or {}), "lead": lead, "selection": table})
     return params
 
 
@@ -238,7 +306,7 @@ def rule_step(r: RunData, _: float | None = None) -> int | None:
     return None
 
 
-def streak_step(r: RunData, key: str, threshold: float, patience: int = PATIENCE) -> int | None:
+def streak_step(r: RunData, key: str, threshold: float, patience: int = 3) -> int | None:
     """The first step where `key` has been above `threshold` for `patience` steps in a row."""
     streak = 0
     for step, m in r.rows:
@@ -391,6 +459,29 @@ def to_summary(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ev.items() if k != "runs"} | {"line": summary_line(ev)}
 
 
+def table_rows(ev: dict[str, Any]) -> list[list[str]]:
+    """The evaluation as a table (header first) for the reports: the detector per group, then each
+    baseline on every held-out run."""
+    def cells(s: dict[str, Any]) -> list[str]:
+        def iv(x: float, ci: list[float]) -> str:
+            return f"{fmt(x, 2)} [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]"
+        return [f"{s['runs']} ({s['fell']} fell)", iv(s["recall"], s["recall_ci"]), iv(s["fa_rate"], s["fa_ci"]),
+                iv(s["lead_median"], s["lead_ci"])]
+
+    rows = [["warning", "runs", "recall [95% CI]", "false alarms [95% CI]", "median lead, steps [95% CI]"]]
+    rows += [[f"detector: {g}", *cells(s)] for g, s in ev["groups"].items()]
+    for name, b in ev["baselines"].items():
+        t = f" ({b['unit']} {b['threshold']:g})" if b["unit"] else ""
+        rows.append([f"{name}{t}: held-out (all)", *cells(b["held-out (all)"])])
+    return rows
+
+
+def load_summary(path: str | Path) -> dict[str, Any] | None:
+    """A committed evaluation (evaluation.json written with --out) as the reports read it; None when absent."""
+    p = Path(path)
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
 # ------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m analysis.detector", description=__doc__.split("\n\n")[0],
@@ -413,7 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
                        f"a threshold is chosen (default {FA_TARGET})")
         p.add_argument("--out", metavar="DIR", default=str(RESULTS), help=f"figures and JSON (default {RESULTS})")
         if name == "fit":
-            p.add_argument("--lead", type=int, default=LEAD, help=f"steps before the onset labelled as collapsing (default {LEAD})")
+            p.add_argument("--leads", default=",".join(map(str, LEADS)), metavar="LIST", help="steps before the onset "
+                           f"labelled as collapsing, tried by cross-validation over the fit files (default {LEADS})")
+            p.add_argument("--patiences", default=",".join(map(str, PATIENCES)), metavar="LIST",
+                           help=f"warning patiences tried likewise (default {PATIENCES})")
             p.add_argument("--save", metavar="FILE", help="where the fitted detector goes (default: OUT/detector_params.json; "
                            f"{DEFAULT_PARAMS} is the committed one)")
     return ap
@@ -437,10 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "evaluate" and args.summary:
             ref = json.loads(Path(args.summary).read_text())
-            if "detector" not in ref:
-                raise ConfigError([f"--summary {args.summary}: holds no detector section; allowed: a reference summary "
-                                   "built with the detector (python -m reports.build --reference)"])
-            print_evaluation(ref["detector"])
+            ev = ref.get("detector", ref)  # reports/reference.json, or an evaluation.json itself
+            if "groups" not in ev:
+                raise ConfigError([f"--summary {args.summary}: holds no detector evaluation; allowed: reports/reference.json "
+                                   "or an evaluation.json written by `python -m analysis.detector evaluate --out DIR`"])
+            print_evaluation(ev)
             return 0
         params = load_params(args.params) if args.cmd == "evaluate" and args.params else (
             load_params(DEFAULT_PARAMS) if args.cmd == "evaluate" else None)
@@ -454,20 +549,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "fit":
             fit_runs = [r for r in runs if r.group == "fit"]
             prov = {"commit": tracking.git_commit(), "store": tracking.redact(uri), "split": dataclasses.asdict(split),
-                    "worlds": sorted({r.world for r in runs}), "lead": args.lead, "fa_target": args.fa_target,
+                    "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
                     "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
                     "run_commits": sorted({tracking.client(uri).get_run(r.run_id).data.tags.get(K.TAG_COMMIT, "?")
                                            for r in fit_runs[:50]})}
-            params = fit(fit_runs, lead=args.lead, fa_target=args.fa_target, provenance=prov)
+            params = fit(fit_runs, fa_target=args.fa_target, provenance=prov,
+                         leads=tuple(int(x) for x in args.leads.split(",")),
+                         patiences=tuple(int(x) for x in args.patiences.split(",")))
             save = Path(args.save or Path(args.out) / "detector_params.json")
             save.parent.mkdir(parents=True, exist_ok=True)
             save.write_text(json.dumps(dataclasses.asdict(params), indent=1) + "\n")
-            print(f"fit on {len(fit_runs)} runs ({prov['fit_fell']} whose gold fell): threshold {params.threshold:g}; "
+            print(f"fit on {len(fit_runs)} runs ({prov['fit_fell']} whose gold fell): lead {params.provenance['lead']}, "
+                  f"patience {params.patience} (cross-validated over the fit files), threshold {params.threshold:g}; "
                   f"written to {save}")
         ev = evaluate(runs, params, args.fa_target)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "evaluation.json").write_text(json.dumps(ev, indent=1, default=float) + "\n")
+        ev["detector"] = {"file": str(getattr(args, "save", None) or getattr(args, "params", None) or DEFAULT_PARAMS.name),
+                          "threshold": params.threshold,
+                          "patience": params.patience, "provenance": params.provenance}
+        ev["store"] = {"uri": tracking.redact(uri), "runs": len(runs), "commits": sorted({
+            tracking.client(uri).get_run(r.run_id).data.tags.get(K.TAG_COMMIT, "?") for r in runs[:400]})}
+        (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
         draw(ev, out)
         print_evaluation(ev)
         return 0

@@ -34,7 +34,7 @@ from reportlab.platypus import (
     CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
 )
 
-from analysis import collapse_rule
+from analysis import detector
 from analysis.claims import check_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED, WORLD_DEPENDENT
@@ -62,6 +62,8 @@ SWEEP_COLS_PER_TABLE = 8  # a 2-D sweep's trials (failure reasons too) in one ta
 COMBINED = "harness-report.pdf"
 RESULTS = "results"  # what a user's build writes (ignored by git)
 REFERENCE = REPO_ROOT / "reports"  # the committed reports, rebuilt only with --reference
+DETECTOR_DIRS = (Path(RESULTS) / "detector", REFERENCE / "detector")
+"""Where the detector's evaluation is read from for the combined report: a user's, else the committed one."""
 VERDICT_COLORS = {REPRODUCED: "#d9f2d9", NOT_REPRODUCED: "#f8d7d7", INCONCLUSIVE: "#fdf0c8"}
 WORLDS_COLOR = "#e3d9f2"  # a world-dependent claim (analysis.claims): neither of the three
 
@@ -383,15 +385,22 @@ def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures:
     return sec
 
 
-def collapse_flowables(scores: dict, st) -> list:
-    """The combined report's last page: the collapse rule against the gold reward (analysis.collapse_rule)."""
-    rows = collapse_rule.table_rows(scores)
-    note = ("Every train run of the store that logs gold and both perplexities; gold fell: its EMA stays below the "
-            "SFT model's mean gold for collapse.patience steps; lead = gold-fall step − rule step (definitions: "
-            f"analysis/collapse_rule.py). Better by these numbers: {scores['better'] or 'neither (no runs, or a tie)'}; "
-            f"{collapse_rule.CHOICE}.")
-    return [P("The collapse rule against the gold reward", st["h1"]),
-            table(rows, [0.25, 0.1, 0.1, 0.08, 0.23, 0.1, 0.14], st), P(note, st["note"])]
+def detector_flowables(found: tuple[Path, dict] | None, st) -> list:
+    """The combined report's last page: the early warning scored against the gold truth on runs it was
+    not fit on (the committed reports/detector/, or a user's results/detector/): (its folder, evaluation)."""
+    if not found:
+        return []
+    folder, ev = found
+    prov = ev.get("detector", {}).get("provenance", {})
+    note = (f"{ev['line']}. Fit on {prov.get('fit_runs', '?')} runs of {', '.join(prov.get('split', {}).get('files', []))} "
+            f"(seeds {prov.get('split', {}).get('seeds')}) on one world; every other row is out of sample. Recall: gold "
+            "falls warned; false alarms: runs whose gold never fell that were warned; lead = gold onset − warning step. "
+            "Intervals: Clopper-Pearson, percentile bootstrap (analysis/detector.py).")
+    out = [P("The early warning against the gold truth", st["h1"]),
+           table(detector.table_rows(ev), [0.36, 0.12, 0.17, 0.17, 0.18], st), P(note, st["note"])]
+    if (folder / "detector.png").is_file():
+        out += [Spacer(1, 6), FitImage(folder / "detector.png", FRAME_H * 0.45)]
+    return out
 
 
 def write_pdf(path: Path, sections: list[Section], info: dict[str, str], st, extra: list | None = None) -> Path:
@@ -472,12 +481,13 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
     whole = whole or (reference and bool(sections))  # the reference: every figure it holds
-    scores = collapse_rule.score_store(uri) if whole or reference else {}
-    combined = write_pdf(out / COMBINED, sections, info, st, collapse_flowables(scores, st)) if whole else None
+    found = next(((d, e) for d in (out / "detector", *DETECTOR_DIRS) if (e := detector.load_summary(d / "evaluation.json"))),
+                 None)
+    combined = write_pdf(out / COMBINED, sections, info, st, detector_flowables(found, st)) if whole else None
     if reference:  # the committed folder holds reference results only: no report of older runs stays
         for name in skipped:
             shutil.rmtree(out / name, ignore_errors=True)
-        write_reference(sections, scores, out, skipped)
+        write_reference(sections, out, skipped)
     return BuildResult(reports, combined, errors, skipped)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis import collapse_rule
+from analysis import detector
 from analysis.claims import on_worlds
 from analysis.compare import provenance_values, summarize, world_entry_label
 from analysis.stats import WORLD_DEPENDENT
@@ -23,14 +23,16 @@ tables, reference.json): a rebuild over a previous one rewrites them, so
 they do not make the code count as uncommitted."""
 
 
-def reference_summary(sections: list, collapse: dict, not_run: list[str]) -> dict[str, Any]:
-    """Per figure `summarize`, the collapse rule scored on every run of the store
-    (analysis.collapse_rule.score_store), the runs' provenance (each provenance tag: its one value,
-    or the sorted distinct values), and the registry's figures the store has no runs of."""
+def reference_summary(sections: list, not_run: list[str], detector_eval: dict | None = None) -> dict[str, Any]:
+    """Per figure `summarize`, the runs' provenance (each provenance tag: its one value, or the sorted
+    distinct values), the registry's figures the store has no runs of, and the early-warning
+    detector's evaluation (the reference folder's detector/evaluation.json, written by `python -m
+    analysis.detector evaluate --out reports/detector` on the detector campaign's store)."""
     figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
     seen = provenance_values(s.data.runs for s in sections)
-    return {"figures": figures, "collapse_rule": collapse, "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
-            "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}}
+    return {"figures": figures, "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
+            "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())},
+            **({"detector": detector_eval} if detector_eval else {})}
 
 
 def _row(cells: list[Any]) -> str:
@@ -77,15 +79,22 @@ def worlds_cell(c: dict) -> str:
     return f"{on_worlds(per)}: {', '.join(per)}{pooled}"
 
 
-def collapse_text(c: dict) -> list[str]:
-    rows = collapse_rule.table_rows(c)
-    return (["### The collapse rule against the gold reward", "", _row(rows[0]), _row(["---"] * len(rows[0]))]
-            + [_row(r) for r in rows[1:]]
-            + ["", f"Better by these numbers: {c['better'] or 'neither (no runs, or a tie)'}; {collapse_rule.CHOICE}.", ""])
+def detector_text(ev: dict | None) -> list[str]:
+    if not ev:
+        return []
+    rows = detector.table_rows(ev)
+    prov = ev.get("detector", {}).get("provenance", {})
+    return (["### The early warning against the gold truth", "",
+             f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`). Fit on "
+             f"{prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
+             f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
+             f"{str(prov.get('split', {}).get('world', '?'))[:8]}; every other row is scored on runs it was not fit on "
+             f"(`reports/detector/`: the operating curve and lead times, `detector.png`).", "",
+             _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""])
 
 
 def readme(summary: dict) -> str:
-    """README.template.md with the results section: per figure, the collapse rule, the provenance."""
+    """README.template.md with the results section: per figure, the early warning, the provenance."""
     verdicts = [c["verdict"] for f in summary["figures"].values() for c in f["claims"]]
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts))) or "no claims"
     lines = ["## Results", "", f"Built at commit {summary['built_at_commit']} from the runs below; claims: {counts}.",
@@ -94,15 +103,50 @@ def readme(summary: dict) -> str:
         lines += figure_text(name, f)
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
-    lines += collapse_text(summary["collapse_rule"]) + ["### Provenance of the runs", ""]
+    lines += detector_text(summary.get("detector")) + ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
 
 
-def write_reference(sections: list, collapse: dict, out: Path, not_run: list[str]) -> dict[str, Any]:
+def write_reference(sections: list, out: Path, not_run: list[str]) -> dict[str, Any]:
     """OUT/reference.json and OUT/README.md; returns the summary."""
-    summary = reference_summary(sections, collapse, not_run)
+    summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"))
+    write_summary(summary, out)
+    return summary
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> None:
     # atomically: analysis.compare reads reference.json back, and a half-written one would be no reference
     statefile.write_json(out / "reference.json", summary, indent=1, sort_keys=True, ensure_ascii=False)
     statefile.write_atomic(out / "README.md", readme(summary))
-    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m reports.reference --detector`: the committed summary takes the detector's committed
+    evaluation (reports/detector/evaluation.json) and reports/README.md is written again from it, the
+    figures' results untouched (they change only with a reference rebuild of their runs)."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m reports.reference", description=main.__doc__)
+    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json into the summary")
+    ap.add_argument("--out", default=str(Path(__file__).parent), help="the reference folder (default: reports/)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    summary = json.loads((out / "reference.json").read_text())
+    if args.detector:
+        ev = detector.load_summary(out / "detector" / "evaluation.json")
+        if ev is None:
+            print(f"error: {out / 'detector' / 'evaluation.json'} does not exist; write it with `python -m "
+                  "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
+            return 2
+        summary["detector"] = ev
+        summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
+    write_summary(summary, out)
+    print(f"{out / 'reference.json'} and {out / 'README.md'} written")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -87,7 +87,6 @@ def test_without_gold_the_detectors_warning_is_the_flag(detector_file):
 
 
 # -- real tiny-world runs: the rule replayed offline, and the best policy before collapse ----------
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -98,6 +97,8 @@ from harness.detector import replay as detector_replay  # noqa: E402
 from harness.train import BEST_POLICY, train  # noqa: E402
 from conftest import fast_overrides  # noqa: E402
 from test_detector import write_detector  # noqa: E402
+
+from analysis import detector as detector_eval  # noqa: E402
 
 # the gold truth marks every step after the first as fallen (a margin of -100: "did not rise by 100"),
 # so the run is collapsed at step 2
@@ -140,8 +141,9 @@ def test_offline_replay_of_logged_rows_finds_what_the_trainer_did(tiny_run):
         a == b and abs(x - y) < 1e-9 for (a, x), (b, y) in zip(scores, logged_scores))
     warned = tracking.metric_history(uri, res.run_id, keys.WARNING_STEP)
     assert warned == ([] if alert is None else [(alert.step, alert.step)])
-    table = collapse_rule.run_table(uri).set_index("run_id").loc[res.run_id]
-    assert (pd.isna(table["gold_fell"]) and onset is None) or table["gold_fell"] == onset
+    # the detector's evaluation reads the same truth back from the store (the run's own collapse params)
+    (loaded,) = [r for r in detector_eval.load_runs(uri) if r.run_id == res.run_id]
+    assert loaded.onset == onset
 
 
 def test_best_policy_is_the_best_eval_before_collapse(tiny_run):
@@ -155,49 +157,3 @@ def test_best_policy_is_the_best_eval_before_collapse(tiny_run):
         assert int(tag) == max(gold, key=lambda s: (gold[s], -s))
     weights = torch.load(f"{run_dir}/{BEST_POLICY}", weights_only=True)
     assert weights.keys() == torch.load(f"{run_dir}/ckpt/state.pt", weights_only=True)["policy"].keys()
-
-
-# -- the rule scored against gold (analysis.collapse_rule) on a synthetic store ---------------------
-from analysis import collapse_rule  # noqa: E402
-from analysis.synthetic import Curve, write_ablation  # noqa: E402
-
-CURRENT, TOKENS = collapse_rule.RULES
-
-
-def test_lead_misses_and_false_alarms_on_a_synthetic_store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 's.db'}"
-    write_ablation(uri, "rule", "4", {
-        "healthy": Curve(),
-        "collapses": Curve(collapse_at=30),  # gold falls fast: both rules fire, gold falls
-        "gold holds": Curve(collapse_at=30, gold_fall=0.0),  # indicators collapse, gold does not: false alarm
-        # gold sinks slowly; per-sample perplexity spikes hide the fall: only the token-pooled rule sees
-        # perplexity and length together
-        "spiky": Curve(reward_slope=0.0, kl_slope=0.0, collapse_at=30, gold_fall=0.03, ppl_spikes=True),
-    }, seeds=[0], steps=70, sample_every=0)
-    t = collapse_rule.run_table(uri).set_index("variant")
-    assert t.loc["healthy", ["gold_fell", CURRENT, TOKENS]].isna().all()
-    assert t.loc["collapses", ["gold_fell", CURRENT, TOKENS]].notna().all()
-    assert t.loc["gold holds", "gold_fell"] != t.loc["gold holds", "gold_fell"]  # NaN: never fell
-    assert t.loc["gold holds", [CURRENT, TOKENS]].notna().all()
-    assert pd.isna(t.loc["spiky", CURRENT]) and t.loc["spiky", ["gold_fell", TOKENS]].notna().all()
-    s = collapse_rule.score(t.reset_index())
-    assert (s[CURRENT]["misses"], s[CURRENT]["false alarms"], s[CURRENT]["hits"]) == (1, 1, 1)
-    assert (s[TOKENS]["misses"], s[TOKENS]["false alarms"], s[TOKENS]["hits"]) == (0, 1, 2)
-    lead = t.loc["collapses", "gold_fell"] - t.loc["collapses", CURRENT]
-    assert s[CURRENT]["lead median"] == s[CURRENT]["lead min"] == lead
-    assert collapse_rule.better(s) == TOKENS
-    s[TOKENS]["misses"] = 1  # equal errors and lead: no choice
-    s[TOKENS]["lead median"] = s[CURRENT]["lead median"]
-    assert collapse_rule.better(s) is None
-
-
-def test_only_finished_runs_are_scored_against_the_starts_gold(tmp_path):
-    """A run in flight is not scored (its gold may yet fall); the baseline is the run's own early
-    per-step gold, not the eval gold at step 0 (other prompts, another level)."""
-    uri = f"sqlite:///{tmp_path / 's.db'}"
-    write_ablation(uri, "rule", "4", {"healthy": Curve()}, seeds=[0], steps=40, sample_every=0)
-    (rid,) = collapse_rule.run_table(uri)["run_id"]
-    tracking.MetricLogger(uri, rid).log({keys.EVAL_GOLD: 5.0}, step=0)  # far above every training-prompt gold
-    assert pd.isna(collapse_rule.run_table(uri).set_index("run_id").loc[rid, "gold_fell"])
-    tracking.reopen_run(uri, rid)
-    assert collapse_rule.run_table(uri).empty

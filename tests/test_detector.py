@@ -194,5 +194,21 @@ def test_fit_refuses_a_store_without_gold(tmp_path, capsys):
     assert "no finished train run with a gold reward" in capsys.readouterr().err
 
 
+def test_only_finished_runs_count_and_the_start_is_the_runs_own_early_gold(tmp_path):
+    """A run in flight is not scored (its gold may yet fall); the start is the run's own per-step gold on
+    its training prompts, not the eval gold at step 0 (other prompts, another level)."""
+    from analysis import detector as D
+
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    write_store(uri, [("f", "holds", 0, "w0", stream(60)), ("f", "falls", 0, "w0", stream(60, at=20))])
+    by = {r.variant: r for r in D.load_runs(uri)}
+    assert by["holds"].onset is None and by["falls"].onset is not None
+    rid = by["holds"].run_id
+    tracking.MetricLogger(uri, rid).log({K.EVAL_GOLD: 5.0}, step=0)  # far above every training-prompt gold
+    assert {r.variant: r.onset for r in D.load_runs(uri)}["holds"] is None
+    tracking.reopen_run(uri, rid)
+    assert [r.variant for r in D.load_runs(uri)] == ["falls"]
+
+
 def test_signals_the_detector_reads_are_logged_by_every_run():
     assert set(SIGNALS.values()) <= set(K.STEP_METRICS) | {K.PPL_TOKENS}

@@ -1,9 +1,11 @@
 """reports/build.py: PDFs from a synthetic store, read back with pypdf."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -46,6 +48,25 @@ def pdf_text(path) -> tuple[int, str]:
     return len(reader.pages), " ".join(" ".join(page.extract_text() for page in reader.pages).split())
 
 
+def write_detector_evaluation(folder: Path) -> dict:
+    """An evaluation of a hand-set detector on synthetic runs, as `python -m analysis.detector evaluate
+    --out FOLDER` writes it (the reports read folder/evaluation.json and folder/detector.png)."""
+    from analysis import detector as D
+    from test_detector import stream, write_detector
+
+    folder.mkdir(parents=True, exist_ok=True)
+    params = D.load_params(write_detector(folder / "d.json"))
+    runs = [D.RunData(f"r{i}", "f", v, i, "w0", "h", list(enumerate(stream(80, at=at, seed=i), 1)), onset, 80, 24,
+                      group="fit" if i < 4 else "held-out seeds")
+            for i in range(8) for v, at, onset in (("falls", 40, 50), ("holds", None, None))]
+    for i, r in enumerate(runs):
+        r.run_id = f"r{i}"
+    ev = D.evaluate(runs, params)
+    (folder / "evaluation.json").write_text(json.dumps(D.to_summary(ev), default=float))
+    D.draw(ev, folder)
+    return ev
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "reports")
@@ -67,6 +88,7 @@ def built(tmp_path_factory):
     fig.savefig(png)
 
     out = root / "reports"
+    write_detector_evaluation(out / "detector")
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "analysis.sweep_plots", fake_sweep_module(png))
         res = build(["kl_eta", "vanilla", "rm_scores", "sweep_x"], uri, out, ablations_dir=registry)
@@ -136,10 +158,11 @@ def test_sweep_section_from_sweep_plots(built):
 def test_combined_report_has_all_sections_in_paper_order(built):
     pages, text = pdf_text(built["res"].combined)
     per_ablation = sum(pdf_text(p)[0] - 1 for p in built["res"].reports.values())  # minus their title pages
-    assert pages == per_ablation + 2  # the title page and the collapse rule's page
+    assert pages == per_ablation + 2  # the title page and the early warning's page
     order = [text.index(t) for t in ("Fig. 2: RM score difference", "Fig. 4: vanilla PPO collapses",
                                      "Fig. 15: KL penalty eta", "Sweep: delta_r x eta",
-                                     "The collapse rule against the gold reward")]
+                                     "The early warning against the gold truth")]
+    assert "held-out: recall" in text
     assert order == sorted(order) and "Contents" in text
 
 
@@ -208,6 +231,7 @@ def test_default_output_is_results_only_and_reference_writes_summary_and_readme(
     assert os.listdir(tmp_path) == ["results"]  # nothing beside the ignored results/ folder
     assert (tmp_path / "results" / "vanilla" / "report.pdf").is_file() and (tmp_path / "results" / COMBINED).is_file()
     assert "/results/" in (REPO_ROOT / ".gitignore").read_text().split()  # a user's build leaves git status clean
+    write_detector_evaluation(tmp_path / "ref" / "detector")
     res = build(["vanilla", "kl_eta"], built["uri"], tmp_path / "ref", ablations_dir=built["registry"],
                 log_figures=False, reference=True)
     text = (tmp_path / "ref" / "reference.json").read_text()
@@ -223,13 +247,14 @@ def test_default_output_is_results_only_and_reference_writes_summary_and_readme(
     assert set(ref["figures"]["kl_eta"]["variants"][ETAS[0]]["metrics"]) == {
         "final objective/kl", "final objective/rm_score", "final objective/gold_score"}
     assert ref["provenance"] == {"commit": "synthetic"}
-    assert set(ref["collapse_rule"]["rules"]) == {"per-sample perplexity (current)", "token-pooled perplexity"}
+    assert ref["detector"]["line"].startswith("held-out: recall ") and "collapse_rule" not in ref
     readme = (tmp_path / "ref" / "README.md").read_text()
     # the committed prose, then results written from the summary: the claim with its section, verdict and n
     assert readme.startswith("# Reports") and "<!-- results" not in readme
     assert "| Vanilla PPO collapses. | paper 5.2 | **inconclusive**: fewer than 5 runs per variant: no verdict | 2 |" in readme
     assert "Inferred (not stated by the paper): Two seeds stand for the paper's one run." in readme
-    assert "### The collapse rule against the gold reward" in readme and "- commit: synthetic" in readme
+    assert "### The early warning against the gold truth" in readme and "- commit: synthetic" in readme
+    assert f"`{ref['detector']['line']}`" in readme
 
 
 def test_reference_of_a_partial_store_holds_only_its_figures(built, tmp_path):
