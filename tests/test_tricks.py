@@ -272,3 +272,15 @@ def test_the_best_configuration_becomes_a_figure_file_against_ppo_max_elsewhere(
         best_figure(planted, world=1, out=tmp_path / "x.yaml")
     with pytest.raises(ConfigError, match=r"--seeds \[0, 7\]: the study used seeds \[0\]"):
         best_figure(planted, world=2, seeds=[0, 7], out=tmp_path / "x.yaml")
+
+
+def test_reports_build_gives_a_design_study_its_pages(planted, store, tmp_path):
+    from pypdf import PdfReader
+
+    from reports.build import build
+
+    res = build([planted.attr["sweep_file"]], store.uri, tmp_path / "out", log_figures=False)
+    assert not res.errors and set(res.reports) == {"syn_planted"}
+    text = " ".join(p.extract_text() for p in PdfReader(res.reports["syn_planted"]).pages)
+    assert "Which tricks matter (syn_planted)" in text and "Per choice value" in text
+    assert (tmp_path / "out" / "syn_planted" / "tricks.json").is_file()
