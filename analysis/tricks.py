@@ -57,7 +57,7 @@ def analyse(d: StudyData, *, out_dir: str | Path | None = None, evaluator: str =
     (what reports/tricks.py renders): tables as DataFrames, figure paths, notes."""
     out = Path(out_dir or Path("results") / d.name)  # the name was checked by harness.sweep: a safe path component
     out.mkdir(parents=True, exist_ok=True)
-    notes = list(d.notes)
+    notes = d.notes  # the claims table adds its own
     if len(d.configs) < 2 * MIN_CONFIGS:
         notes.append(f"{len(d.configs)} configurations finished: intervals need at least {2 * MIN_CONFIGS}")
     params = trial_params(d)
