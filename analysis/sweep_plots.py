@@ -22,10 +22,8 @@ from optuna.visualization import matplotlib as vis
 
 from analysis.figures import FIG_WIDTH_IN
 from harness import tracking
-from harness.config import from_dict
 from harness.keys import TAG_SWEEP, TAG_TRIAL
-from harness.schema import read_yaml
-from harness.sweep import ATTR_PARENT_RUNS, ATTR_SWEEP, default_storage_url
+from harness.sweep import ATTR_PARENT_RUNS, stored_study
 
 MIN_TRIALS_FOR_IMPORTANCE = 3
 # outcome -> (marker, color) where a plot marks a trial that is not a plain completed one
@@ -40,22 +38,12 @@ the collapse and pruning steps in stopped_at_step; columns empty for every trial
 
 def sweep_summary(sweep: str | Path, tracking_uri: str | None = None, storage_url: str | None = None,
                   *, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Summary of a stored sweep study, by name or sweep YAML; defaults: the train config's tracking URI,
+    """Summary of a stored sweep study, by name or sweep YAML; defaults: harness.tracking.resolve_uri's store,
     the Optuna store next to it, files in results/<name>/. Keys: figures (PNG paths), table (concise, one row
     per trial), table_full, best ({} before a trial completed), importances ({} and a note when not
     computable), notes, table_csv, best_json, parent_run_id, tracking_uri, sweep (what harness.sweep stored)."""
-    name = str(read_yaml(sweep, "sweep file").get("name")) if Path(sweep).suffix in (".yaml", ".yml") else str(sweep)
-    tracking_uri = tracking_uri or from_dict({}).logging.tracking_uri
-    storage_url = storage_url or default_storage_url(tracking_uri)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=name, storage=storage_url)
-    except KeyError:
-        raise KeyError(f"no Optuna study named {name!r} in {tracking.redact(storage_url)}; "
-                       "run `python -m harness.sweep` on its sweep file first") from None
-    attr = study.user_attrs.get(ATTR_SWEEP)
-    if not attr:
-        raise ValueError(f"study {name!r} holds no `{ATTR_SWEEP}` attribute: it was not run by harness.sweep")
+    study, attr, tracking_uri, storage_url = stored_study(sweep, tracking_uri, storage_url)
+    name = study.study_name
     out = Path(out_dir or Path("results") / name)  # the name was checked by harness.sweep: a safe path component
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -197,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description=__doc__)
     p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the train config's default)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
     p.add_argument("--out-dir", help="where figures and tables go (default: results/<name>/)")
     args = p.parse_args(argv)

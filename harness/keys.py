@@ -126,6 +126,7 @@ TAG_SWEEP = "harness.sweep"
 TAG_TRIAL_STATE = "harness.trial_state"
 TAG_TRIAL_OUTCOME = "harness.trial_outcome"
 SWEEP_OBJECTIVE = "sweep/objective"  # a trial run's objective value (logged once per seed run)
+STUDY_PREFIX = "study/"  # study/<name>: a sweep run's value of each of the sweep file's `objectives` (logged once)
 
 STOP_FILE = "STOP"  # a file of this name in a run folder stops the run at its next step (harness.parallel.agree_stop)
 ARTIFACT_CONFIG = "config.yaml"  # the resolved config

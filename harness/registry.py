@@ -588,7 +588,7 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
             return None
 
     if fs.worlds is not None and not problems:
-        reg.worlds = _world_dirs(fs, where, problems)
+        reg.worlds = world_dirs(fs, where, problems)
     base_cfg = resolved([], f"base {fs.base}")
     reg.common = resolved([overlay_data, reg.shared, profile_set, cli_set], "common settings (base + set)")
     if reg.common is None:
@@ -624,8 +624,9 @@ WORLDS_DIR = Path(".harness") / "worlds"
 directory, as data.world_dir's default .harness/world)."""
 
 
-def _world_dirs(fs: FigureFile, where: str, problems: list[str]) -> dict[int, tuple[Any, Path]]:
-    """World seed -> (WorldConfig: the default world with `world_set` and that seed, its cache folder)."""
+def world_dirs(fs: Any, where: str, problems: list[str]) -> dict[int, tuple[Any, Path]]:
+    """World seed -> (WorldConfig: the default world with `world_set` and that seed, its cache folder), of a
+    file with `worlds` and `world_set` (a figure file, a sweep file)."""
     from .world.config import WorldConfig, world_config_from_dict, world_config_hash
 
     leaves = leaf_keys(WorldConfig)

@@ -75,8 +75,9 @@ class Runner:
 
         if self.host != socket.gethostname():
             return True
-        try:
-            return psutil.Process(self.pid).create_time() == self.started
+        try:  # a zombie has died: killed, its parent not waiting for it yet (a test that kills it, a shell)
+            p = psutil.Process(self.pid)
+            return p.create_time() == self.started and p.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 
@@ -152,21 +153,22 @@ class Watchdog:
     """In a worker: looks at the runner every WATCH_S. Once it is gone, `gone` is set (the training
     callback then stops the run: KILLED, resumable) and, should the run not end within GRACE_S (a
     world build, a step that takes minutes), the worker exits; its run, left RUNNING, is marked
-    KILLED by the next runner."""
+    KILLED by the next runner. It keeps watching after its task ended: a pool process whose runner died
+    between the result and the pool's shutdown would otherwise wait for work forever (its queue's
+    write end is its own), holding the multiprocessing server and the runner's output pipe open."""
 
     def __init__(self, runner: Runner | None):
         self.gone = threading.Event()
         self.done = threading.Event()
-        if runner is not None:
+        if runner is not None and runner.pid != os.getpid():  # in the runner's own process (--workers 0): no one
             threading.Thread(target=self._watch, args=(runner,), name="runner-watchdog", daemon=True).start()
 
     def _watch(self, runner: Runner) -> None:
-        while not self.done.wait(WATCH_S):
-            if not runner.alive():
-                self.gone.set()
-                if not self.done.wait(GRACE_S):
-                    os._exit(70)
-                return
+        while runner.alive():
+            time.sleep(WATCH_S)
+        self.gone.set()
+        self.done.wait(GRACE_S)  # the run ends KILLED at its next step (or was over): nobody waits for this process
+        os._exit(0 if self.done.is_set() else 70)
 
     def check(self, *_: Any) -> bool:
         """The training callback (on_step): raises KeyboardInterrupt once the runner is gone."""

@@ -177,11 +177,17 @@ class Section:
     claims: pd.DataFrame = field(default_factory=pd.DataFrame)
     samples: pd.DataFrame = field(default_factory=pd.DataFrame)
     sweep: dict[str, Any] | None = None
+    tricks: dict[str, Any] | None = None
+    """A design study's analysis (a sweep with `objectives`: reports/tricks.py, which tricks matter)."""
     notes: list[str] = field(default_factory=list)
 
     def flowables(self, st) -> list:
         out: list = [P(self.spec.title, st["h1"]), overview(self, st)] + [P(n, st["note"]) for n in self.notes]
         if self.spec.is_sweep:
+            if self.tricks:  # a design study: its own pages instead of the trials of a search
+                from reports.tricks import flowables as tricks_pages
+
+                return out + tricks_pages(self.tricks, st, sys.modules[__name__]) + [PageBreak()]
             return out + sweep_flowables(self, st) + [PageBreak()]
         out += [P("Grid: what each variant changes", st["h2"])] + grid_flowables(self.spec, st)
         if self.figure_png is not None:  # heading and figure on one page; not keepWithNext: reportlab measures a
@@ -372,6 +378,14 @@ def sweep_flowables(sec: Section, st) -> list:
 def build_section(data: AblationData, out: Path, smooth_k: int = 1, log_figures: bool = True) -> Section:
     sec = Section(spec=data.spec, data=data)
     if data.spec.is_sweep:
+        try:  # a sweep with `objectives` is a design study (analysis.tricks); None for the others
+            from reports.tricks import design_summary
+
+            sec.tricks = design_summary(str(data.spec.path), data.tracking_uri, out / data.name)
+        except Exception as e:
+            sec.notes.append(f"analysis.tricks failed: {type(e).__name__}: {e}")
+        if sec.tricks:
+            return sec
         try:  # imported here: it loads optuna; a broken sweep should not take the other sections down
             sec.sweep = importlib.import_module("analysis.sweep_plots").sweep_summary(
                 str(data.spec.path), data.tracking_uri, out_dir=out / data.name)

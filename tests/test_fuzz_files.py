@@ -17,7 +17,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import pytest
 import yaml
@@ -31,6 +31,8 @@ from harness.world.config import WorldConfig
 
 FIGURE_FILES = ["kl_eta", "estimators", "rm_accuracy"]
 SWEEP_FILE = "sweep_delta_eta"
+STUDY_FILE = "study_tricks"  # a design: groups, choices drawn only `when`, worlds, objectives
+SWEEP_FILES = [SWEEP_FILE, STUDY_FILE]
 NO_WORLD = "holds no built world"  # the sweep's preflight on a machine without the world: not the case's error
 
 
@@ -75,12 +77,19 @@ def figure_schema(data: dict[str, Any], path: list[str]) -> tuple[Any, list, str
 
 
 def sweep_schema(data: dict[str, Any], path: list[str]) -> tuple[Any, list, str] | None:
-    """The same for a sweep file (search-space bounds are values of their TrainConfig key)."""
+    """The same for a sweep file (search-space bounds are values of their TrainConfig key; a group's
+    settings, a choice's values and its `otherwise` are values of their config key)."""
     if path[0] == "set" and len(path) == 2:
         found = config_field(TrainConfig, path[1])
         return found and (*found, path[1])
     if path[0] == "first_trials":
         return None  # free keys: checked against the search space (cases below)
+    if path[0] == "search_space" and len(path) == 5 and path[2] == "group":
+        found = config_field(TrainConfig, path[4])
+        return found and (*found, path[4])
+    if path[0] == "search_space" and len(path) > 2 and (path[2] in ("otherwise", "choices") or path[2].isdigit()):
+        found = config_field(TrainConfig, path[1])
+        return found and (*found, path[1])
     found = section_field(sweep.Dimension, path[2:]) if path[0] == "search_space" and len(path) == 3 else \
         section_field(sweep.SweepFile, path)
     return found and (*found, ".".join(path))
@@ -141,6 +150,13 @@ def required(tp: Any) -> list[str]:
         if dataclasses.is_dataclass(inner) else []
 
 
+def own_values(key: str) -> bool:
+    """A config key whose field has a finite set of values (bool, Literal): a search space may leave them out."""
+    found = config_field(TrainConfig, key)
+    base = _parts(found[0], [])[1] if found else None
+    return base is bool or get_origin(base) is Literal
+
+
 def one_type(tp: Any) -> bool:
     """Not a union of several types (`seeds: 3` and `seeds: [0, 1]` are both valid)."""
     union = get_origin(tp) in (typing.Union, types.UnionType)
@@ -153,7 +169,7 @@ def generated(file: str) -> list[Case]:
     data = yaml.safe_load((ABLATIONS_DIR / f"{file}.yaml").read_text())
     if "base" in data:  # the copy lies in tmp_path; a sweep reads its base beside it
         data["base"] = str(ABLATIONS_DIR / data["base"])
-    schema_of = sweep_schema if file == SWEEP_FILE else figure_schema
+    schema_of = sweep_schema if file in SWEEP_FILES else figure_schema
     out = []
     for path, _ in leaves(data):
         found = schema_of(data, path)
@@ -164,18 +180,27 @@ def generated(file: str) -> list[Case]:
         elif path[0] == "first_trials" or path[-2:-1] == ["grid"]:  # values the sampler must be able to draw
             out += [Case(file, f"{'.'.join(path)}: {what}", mutated(data, path, v), ".".join(path))
                     for what, v in (("text", "zzz"), ("out of range", 1e6), ("null", None), ("bool", True))]
+        elif path[0] == "search_space" and path[2:3] == ["when"]:  # a value the parent choice never takes
+            out += [Case(file, f"{'.'.join(path)}: {what}", mutated(data, path, v), ".".join(path[:4]))
+                    for what, v in (("text", "zzz"), ("out of range", 1e6))]
+        elif path[0] == "objectives" and path[-1] == "metric":  # a metric every run must log
+            out += [Case(file, f"{'.'.join(path)}: {what}", mutated(data, path, v), ".".join(path))
+                    for what, v in (("unknown", "objective/zzz"), ("int", 7), ("a world-build metric", "rm/eval_acc"))]
     for path in [p for p, _ in leaves(data)] + list(sections(data)):
-        if isinstance(get(data, path[:-1]), dict) and path[:-1] != ["profiles"]:  # a profile's name is free
+        free = path[:-1] == ["profiles"] or (path[0] == "search_space" and path[2:3] == ["group"] and len(path) == 4)
+        if isinstance(get(data, path[:-1]), dict) and not free:  # a profile's and a group value's name are free
             typo = mistype(path[-1])
             out.append(Case(file, f"{'.'.join(path)}: mistyped key", mutated(data, path, rename=typo), typo))
     for path in sections(data):
         found = schema_of(data, path)
         if found and path[-1] != "set" and one_type(found[0]):  # an empty `set` is no overrides
-            bad = [("scalar", 3)] + ([] if _parts(found[0], [])[0] else [("null", None)])
+            # a search-space key (or its `choices`) left null means the field's own values, if it has some
+            own = path[0] == "search_space" and len(path) > 1 and path[2:] in ([], ["choices"]) and own_values(path[1])
+            bad = [("scalar", 3)] + ([] if _parts(found[0], [])[0] or own else [("null", None)])
             out += [Case(file, f"{'.'.join(path)}: section {what}", mutated(data, path, v), ".".join(path))
                     for what, v in bad]
     for path in [[]] + list(sections(data)):
-        found = (FigureFile if file != SWEEP_FILE else sweep.SweepFile, []) if not path else schema_of(data, path)
+        found = (FigureFile if file not in SWEEP_FILES else sweep.SweepFile, []) if not path else schema_of(data, path)
         node = get(data, path)
         if found and isinstance(node, dict):
             out += [Case(file, f"{'.'.join([*path, k])}: missing", mutated(data, [*path, k], delete=True), k)
@@ -183,24 +208,24 @@ def generated(file: str) -> list[Case]:
     return out
 
 
-CASES = [c for f in [*FIGURE_FILES, SWEEP_FILE] for c in generated(f)]
+CASES = [c for f in [*FIGURE_FILES, *SWEEP_FILES] for c in generated(f)]
 
 
 def test_cases_cover_every_leaf_of_each_file():
-    for f in [*FIGURE_FILES, SWEEP_FILE]:
+    for f in [*FIGURE_FILES, *SWEEP_FILES]:
         data = yaml.safe_load((ABLATIONS_DIR / f"{f}.yaml").read_text())
         covered = {c.what.split(":")[0] for c in CASES if c.file == f}
         assert {".".join(p) for p, _ in leaves(data)} <= covered, f
     assert len(CASES) > 500
 
 
-@pytest.mark.parametrize("file", [*FIGURE_FILES, SWEEP_FILE])
+@pytest.mark.parametrize("file", [*FIGURE_FILES, *SWEEP_FILES])
 def test_every_generated_case_is_refused_by_the_cli_naming_file_and_field(tmp_path, monkeypatch, capsys, file):
     """Bad values were derived from the field's type, so each must be refused, through
     `python -m harness.ablate FILE --dry-run` / `harness.sweep FILE --dry-run` (in-process): exit 2,
     the file and field on stderr, no traceback, no MLflow or Optuna store."""
     monkeypatch.chdir(tmp_path)
-    main = sweep.main if file == SWEEP_FILE else ablate.main
+    main = sweep.main if file in SWEEP_FILES else ablate.main
     accepted, unnamed = [], []
     for case in (c for c in CASES if c.file == file):
         path = tmp_path / f"{file}.yaml"  # the name must stay the stem

@@ -157,7 +157,7 @@ def test_bad_sweep_files_name_file_field_value_and_allowed(tmp_path):
         "name: got '../escape'; allowed: a string matching",  # a folder name: one safe path component
         "search_space.ppo.kl_coef.lg: unknown key; did you mean search_space.ppo.kl_coef.log?",
         "search_space.ppo.gae_lambda: got {'low': 0.0, 'high': 1.0, 'log': True}; allowed: low > 0 with log: true",
-        "sampler.name: got 'tps'; allowed: one of 'tpe', 'random', 'grid' (did you mean 'tpe'?)",
+        "sampler.name: got 'tps'; allowed: one of 'tpe', 'random', 'grid', 'sobol' (did you mean 'tpe'?)",
         "pruner: got {'name': 'threshold'}; allowed: name threshold with `lower` or `upper`",
     ]:
         assert f"{path}: {expected}" in msg, f"missing {expected!r} in:\n{msg}"
@@ -325,17 +325,24 @@ def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp
     killed = study.get_trials()[victim.number]
     assert killed.state == TrialState.FAIL and "outcome" not in killed.user_attrs  # interrupted: does not count
     run = next(r for r in runs(uri(tmp_path), "kill_sweep") if r.data.tags[K.TAG_TRIAL] == str(victim.number))
-    assert run.info.status == "KILLED" and run.data.tags[K.TAG_TRIAL_OUTCOME] == "interrupted"
+    made_up = [t for t in study.get_trials() if t.user_attrs.get("retry_of") == victim.number]
+    if made_up and made_up[0].state == TrialState.COMPLETE:  # a trial slot was still free: made up at once
+        assert made_up[0].user_attrs["mlflow_run_ids"] == [run.info.run_id] and run.info.status == "FINISHED"
+    else:
+        assert run.info.status == "KILLED" and run.data.tags[K.TAG_TRIAL_OUTCOME] == "interrupted"
     parent = runs(uri(tmp_path), "kill_sweep", "parent")[0]
     assert parent.info.status == "FAILED" and "worker process died" in parent.data.tags[K.TAG_FAILURE]
 
-    # the next run makes the trial up, with the same values, and the study holds 3 counted trials
+    # the next run makes the trial up (if it is not yet), with the same values, resuming its run (found by its
+    # config): the study holds 3 counted trials, one MLflow run per configuration
     assert sweep.main(cli(tmp_path, path)) == 0
     trials = load_study(tmp_path, "kill_sweep").get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(done) == 3 and len(trials) == 4
-    assert any(t.params == killed.params for t in done)
-    assert all(r.info.status != "RUNNING" for r in runs(uri(tmp_path), "kill_sweep"))
+    again = next(t for t in done if t.params == killed.params)
+    assert again.user_attrs["retry_of"] == victim.number and again.user_attrs["mlflow_run_ids"] == [run.info.run_id]
+    train = runs(uri(tmp_path), "kill_sweep")
+    assert len(train) == 3 and all(r.info.status == "FINISHED" for r in train)
 
 
 @pytest.mark.slow
