@@ -63,14 +63,14 @@ def best_figure(d: Any, *, world: int, seeds: list[int] | None = None, out: str 
                         f"{d.name} (worlds {sorted(spec.worlds) or [0]}, seeds {spec.seeds}; its score there "
                         f"{best['score']:.4g}), rerun at {len(seeds)} fresh seeds on world {world}, which it was not "
                         f"selected on, against PPO-max with the study's steps and settings."),
-        "inferred": [f"The best configuration's values: " + ", ".join(f"{k}={v}" for k, v in best["values"].items())],
+        "inferred": ["The best configuration's values: " + ", ".join(f"{k}={v}" for k, v in best["values"].items())],
         "kind": "train", "base": PPO_MAX, "set": study_set, "seeds": seeds, "worlds": [world],
         **({"world_set": spec.file.world_set} if spec.file.world_set else {}),
         "variants": [{"name": "PPO-max"}, {"name": name, "set": changes}],
         "panels": ["objective/gold_score", "objective/rm_score", "objective/kl", "response/length_mean"],
         "claims": [
-            {"statement": f"The design's best configuration reaches a higher final gold reward than PPO-max on a world "
-                          f"it was not selected on.", "source": "ours",
+            {"statement": "The design's best configuration reaches a higher final gold reward than PPO-max on a world "
+                          "it was not selected on.", "source": "ours",
              "rule": {"kind": "compare", "metric": "objective/gold_score", "lower": "PPO-max", "higher": name}},
             {"statement": "The design's best configuration does not collapse there.", "source": "ours",
              "rule": {"kind": "collapses", "variant": name, "expected": False}},
