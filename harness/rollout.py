@@ -162,12 +162,10 @@ def sample(
     first_pos = pos[:, -1] + 1  # of the first response token
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, ents = [], [], []
-    diverged = torch.zeros(B, dtype=torch.bool, device=device)  # rows with non-finite logits, checked once at the end
     u = keyed_uniform(keys[:, None], torch.arange(max_new_tokens, device=device))  # [B, steps]: all at once
     for t in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, -1)
-        diverged |= ~torch.isfinite(logp_all.amax(-1))  # NaN (or all -inf) logits: the row's top log-prob is NaN
         if greedy:
             tok = scaled.argmax(-1)
         else:
@@ -184,6 +182,10 @@ def sample(
                 break
         if t < max_new_tokens - 1:
             logits = dec.step(tok, first_pos + t)
+    # NaN (or all -inf) logits anywhere in a row make its whole log-softmax NaN, the drawn token's too:
+    # one check of the drawn tokens' log-probs at the end finds a diverged policy (not one per token)
+    sampled_logps = torch.stack(logps, 1)
+    diverged = ~torch.isfinite(sampled_logps).all(1)
     if bool(diverged.any()):
         raise NonFiniteLoss(f"the policy's weights/logits became non-finite (logits of {int(diverged.sum())} of {B} "
                             "rows while sampling): the run diverged, e.g. the learning rate is too high")
@@ -194,7 +196,7 @@ def sample(
     mask = (~eos_before).long()
     entropy = torch.stack(ents, 1) * mask if with_entropy else None
     response = torch.where(mask.bool(), response, torch.full_like(response, pad_id))
-    return Rollout(prompt_ids, prompt_mask, response, mask, torch.stack(logps, 1) * mask, is_eos.any(1), entropy)
+    return Rollout(prompt_ids, prompt_mask, response, mask, sampled_logps * mask, is_eos.any(1), entropy)
 
 
 class CachedDecoder:
