@@ -69,3 +69,39 @@ def test_missing_model_dir_fails_before_training_with_the_field_named(tmp_path):
     with pytest.raises(ConfigError, match=r"model\.sft_path: '.*nope/' is not a directory"):  # preflight, before any run
         train(cfg)
     assert not (tmp_path / "m.db").exists()
+
+
+@needs_shared
+def test_without_gold_the_warning_is_the_flag_and_stops_the_run(hf_dirs, tmp_path):
+    """A run without gold (HH-RLHF, Hugging Face models) still trains and logs the early warning; the
+    warning is its collapse flag, so stop_on_collapse acts on it (issue 24)."""
+    import dataclasses
+    import json
+
+    from harness.detector import DetectorParams
+
+    always = tmp_path / "always.json"  # a detector whose score is 0.993 from its first window on
+    always.write_text(json.dumps(dataclasses.asdict(DetectorParams(
+        features=["kl"], mean=[0.0], scale=[1.0], coef=[0.0], intercept=5.0, threshold=0.5))))
+    over = {
+        "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48, "data.eval_prompts": 0,
+        "model.sft_path": str(hf_dirs / "sft"), "model.pretrained_path": str(hf_dirs / "sft"),
+        "model.reward_path": str(hf_dirs / "rm"), "model.critic_path": str(hf_dirs / "critic"),
+        "ppo.steps": 30, "ppo.rollout_batch_size": 4, "ppo.num_minibatches": 1, "ppo.ppo_epochs": 1,
+        "generation.max_new_tokens": 4, "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "logging.output_dir": str(tmp_path / "runs"), "logging.eval_every": 0, "logging.sample_every": 0,
+        "logging.checkpoint_every": 0, "logging.progress": False, "threads": 1,
+        "collapse.detector": str(always), "collapse.stop_on_collapse": True,
+    }
+    cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
+    res = train(cfg)
+    assert res.status == "FINISHED", res.error
+    # the first score at step 15 (5 start steps + a 10-step window), three in a row: warned at 17, stopped there
+    assert res.collapsed and res.collapse_step == 17 and res.steps_done == 17
+    c = tracking.client(cfg.logging.tracking_uri)
+    tags = c.get_run(res.run_id).data.tags
+    assert tags[keys.TAG_COLLAPSED] == "true" and "detector" in tags[keys.TAG_COLLAPSE_REASON]
+    assert tags[keys.TAG_STOPPED] == "collapse"
+    assert [m.step for m in c.get_metric_history(res.run_id, keys.WARNING)] == [15, 16, 17]
+    assert [(m.step, m.value) for m in c.get_metric_history(res.run_id, keys.WARNING_STEP)] == [(17, 17.0)]
+    assert not c.get_metric_history(res.run_id, keys.GOLD_ONSET)
