@@ -418,7 +418,8 @@ class Study:
 
     def creation_lock(self) -> filelock.FileLock:
         """Serializes find-or-create of shared things (the parent run) between runners started at once."""
-        return filelock.FileLock(f"{self.lock_path}.create")
+        # named like the lock itself (*.db.lock beside a sqlite store: a checkout's .gitignore has it)
+        return filelock.FileLock(self.lock_path.with_name(self.lock_path.name.replace("study", "create", 1)))
 
     # -- the store
     def runs(self, where: str = "") -> list[Any]:

@@ -255,6 +255,11 @@ def test_mlflow_tracking_uri_is_the_store_of_every_writer_and_reader_and_a_flag_
 
     assert {r.info.status for r in runs_in(env_uri, "env_grid")} == {"FINISHED"}
     assert len(runs_in(env_uri, "env_grid")) == 1 and len(runs_in(env_uri, "env_sweep")) == 2
+    # what a grid and a sweep leave beside their store is what a checkout's .gitignore ignores there
+    # (make run's store is ./mlflow.db: `git status` stays clean)
+    for path in store.iterdir():
+        name = path.name + ("/" if path.is_dir() else "")  # a folder's pattern ends in "/"
+        assert subprocess.run(["git", "check-ignore", "--no-index", "-q", name], cwd=REPO).returncode == 0, name
     trials = optuna.load_study(study_name="env_sweep", storage=f"sqlite:///{store / 'optuna.db'}").get_trials()
     assert {t.state for t in trials} == {TrialState.COMPLETE}  # the study beside the variable's store
 
