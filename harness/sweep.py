@@ -814,7 +814,9 @@ class TrialSource:
         name = f"{spec.name}-{chash}{where}" if chash else f"{spec.name}-t{trial.number:04d}{where}"
         tags = {keys.TAG_SWEEP: spec.name, keys.TAG_TRIAL: str(trial.number), keys.TAG_SEED: str(seed),
                 **({} if world is None else {keys.TAG_WORLD_SEED: str(world)})}
-        over = {"logging.tracking_uri": uri, "logging.experiment": spec.name,
+        # the run folder pinned (default or the file's): a fresh start clears it, a pruned trial's STOP file goes there
+        out_dir = (data.get("logging") or {}).get("output_dir", config.LoggingConfig.output_dir)
+        over = {"logging.tracking_uri": uri, "logging.experiment": spec.name, "logging.output_dir": str(out_dir),
                 "logging.run_name": name, "logging.parent_run_id": self.parent_run_id,
                 "logging.tags": {**((spec.base_config.get("logging") or {}).get("tags") or {}), **tags},
                 **({"threads": self.threads} if self.threads else {})}

@@ -37,7 +37,7 @@ DELTA_ETA = """\
 
 
 def write_sweep(tmp_path: Path, world: Path, name: str, *, space: str = DELTA_ETA, trials: int = 4,
-                steps: int = 2, extra: str = "") -> Path:
+                steps: int = 2, extra: str = "", output_dir: bool = True) -> Path:
     p = tmp_path / f"{name.replace('/', '_')}.yaml"
     p.write_text(f"""\
 name: {name}
@@ -53,7 +53,7 @@ set:
   logging.eval_every: 0
   logging.sample_every: 0
   logging.checkpoint_every: 0
-  logging.output_dir: {tmp_path / 'runs'}
+{f"  logging.output_dir: {tmp_path / 'runs'}" if output_dir else "  # logging.output_dir: the default"}
   logging.progress: false
 steps: {steps}
 trials: {trials}
@@ -276,6 +276,16 @@ def test_two_workers_finish_every_trial_once(tmp_path, tiny_world):
     assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in children) == [0, 1, 2, 3]  # none lost or duplicated
     assert all(r.info.status == "FINISHED" for r in children)
     assert {r.data.params["threads"] for r in children} == {"1"}
+
+
+def test_a_sweep_without_an_output_dir_runs_into_the_default_runs_folder(tmp_path, tiny_world, monkeypatch):
+    # the task's config then holds no logging.output_dir of its own (a fresh start clears the run folder there)
+    monkeypatch.chdir(tmp_path)
+    path = write_sweep(tmp_path, tiny_world, "dflt_sweep", trials=1, output_dir=False)
+    assert sweep.main(cli(tmp_path, path)) == 0
+    assert [t.state for t in load_study(tmp_path, "dflt_sweep").get_trials()] == [TrialState.COMPLETE]
+    (child,) = runs(uri(tmp_path), "dflt_sweep")
+    assert (tmp_path / "runs" / child.info.run_name).is_dir()
 
 
 @pytest.mark.slow
