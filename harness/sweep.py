@@ -817,6 +817,7 @@ class TrialSource:
         # the run folder pinned (default or the file's): a fresh start clears it, a pruned trial's STOP file goes there
         out_dir = (data.get("logging") or {}).get("output_dir", config.LoggingConfig.output_dir)
         over = {"logging.tracking_uri": uri, "logging.experiment": spec.name, "logging.output_dir": str(out_dir),
+                "logging.progress": False,  # a line per finished run (the study's Progress), no bars from workers
                 "logging.run_name": name, "logging.parent_run_id": self.parent_run_id,
                 "logging.tags": {**((spec.base_config.get("logging") or {}).get("tags") or {}), **tags},
                 **({"threads": self.threads} if self.threads else {})}
