@@ -568,8 +568,15 @@ def main(argv: list[str] | None = None) -> int:
         ev["detector"] = {"file": str(getattr(args, "save", None) or getattr(args, "params", None) or DEFAULT_PARAMS.name),
                           "threshold": params.threshold,
                           "patience": params.patience, "provenance": params.provenance}
-        ev["store"] = {"uri": tracking.redact(uri), "runs": len(runs), "commits": sorted({
-            tracking.client(uri).get_run(r.run_id).data.tags.get(K.TAG_COMMIT, "?") for r in runs[:400]})}
+        tags = [tracking.client(uri).get_run(r.run_id).data.tags for r in runs]
+        seen: dict[str, set[str]] = {}  # the runs' provenance (versions, CPU, worlds): each tag's distinct values
+        for t in tags:
+            for k, v in t.items():
+                if k.startswith("provenance."):
+                    seen.setdefault(k.split(".", 1)[1], set()).add(v)
+        ev["store"] = {"uri": tracking.redact(uri), "runs": len(runs),
+                       "commits": sorted({t.get(K.TAG_COMMIT, "?") for t in tags}),
+                       "provenance": {k: sorted(v) for k, v in sorted(seen.items())}}
         (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
         draw(ev, out)
         print_evaluation(ev)

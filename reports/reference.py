@@ -12,6 +12,7 @@ from analysis.claims import on_worlds
 from analysis.compare import provenance_values, summarize, world_entry_label
 from analysis.stats import WORLD_DEPENDENT
 from harness import provenance, statefile
+from harness.schema import ConfigError
 from harness.summary import fmt
 
 TEMPLATE = Path(__file__).with_name("README.template.md")
@@ -29,8 +30,12 @@ def reference_summary(sections: list, not_run: list[str], detector_eval: dict | 
     detector's evaluation (the reference folder's detector/evaluation.json, written by `python -m
     analysis.detector evaluate --out reports/detector` on the detector campaign's store)."""
     figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
+    # reference.json's keys are sorted: the paper's order (the sections') and each file's order of its
+    # variants are kept as lists of their own
+    for f in figures.values():
+        f["variant_order"] = list(f["variants"])
     seen = provenance_values(s.data.runs for s in sections)
-    return {"figures": figures, "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
+    return {"figures": figures, "order": list(figures), "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())},
             **({"detector": detector_eval} if detector_eval else {})}
 
@@ -64,7 +69,7 @@ def figure_text(name: str, f: dict) -> list[str]:
     out.append("Per variant (seeds, collapsed, step of the best held-out eval before collapse per seed): " + "; ".join(
         f"{v}: {d['n']}, {d['collapsed']}/{d['n']}" + (f", best at {', '.join(map(str, d['best_step']))}"
                                                        if d["best_step"] else "")
-        for v, d in f["variants"].items()) + ".")
+        for v, d in ((v, f["variants"][v]) for v in f.get("variant_order") or f["variants"])) + ".")
     return out + [""]
 
 
@@ -99,13 +104,36 @@ def readme(summary: dict) -> str:
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts))) or "no claims"
     lines = ["## Results", "", f"Built at commit {summary['built_at_commit']} from the runs below; claims: {counts}.",
              ""]
-    for name, f in summary["figures"].items():  # the sections' order: the paper's
-        lines += figure_text(name, f)
+    for name in summary.get("order") or summary["figures"]:  # the sections' order: the paper's
+        lines += figure_text(name, summary["figures"][name])
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
     lines += detector_text(summary.get("detector")) + ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
+
+
+def keep_order(summary: dict[str, Any]) -> None:
+    """For a summary written before it kept its orders: the figures in the combined report's order (each
+    file's `order:`, then by name) and each figure's variants in its file's order, read from the figure
+    files; a figure whose file is gone goes last, its variants by name."""
+    from harness.registry import find_ablation, load_registry
+
+    files = {}
+    for name in summary["figures"]:
+        try:
+            files[name] = load_registry(find_ablation(name), resolve=False)
+        except (ConfigError, LookupError):  # LookupError: harness.registry.UnknownAblation
+            pass
+
+    def key(name: str) -> tuple[bool, int, str]:
+        order = files[name].order if name in files else None
+        return order is None, order or 0, name
+    summary.setdefault("order", sorted(summary["figures"], key=key))
+    for name, f in summary["figures"].items():
+        listed = [v.name for v in files[name].variants] if name in files else []
+        f.setdefault("variant_order", [v for v in listed if v in f["variants"]]
+                     + sorted(set(f["variants"]) - set(listed)))
 
 
 def write_reference(sections: list, out: Path, not_run: list[str]) -> dict[str, Any]:
@@ -142,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
+        summary.pop("collapse_rule", None)
+    keep_order(summary)  # the indicator rule, scored against the truth it miscounted; now a baseline
     write_summary(summary, out)
     print(f"{out / 'reference.json'} and {out / 'README.md'} written")
     return 0

@@ -270,3 +270,27 @@ def test_reference_of_a_partial_store_holds_only_its_figures(built, tmp_path):
     ref = json.loads((tmp_path / "ref" / "reference.json").read_text())
     assert "apa" in ref["not_run"] and set(ref["figures"]) >= {"kl_eta", "vanilla"}
     assert "Not yet run for the reference (no results here): " in (tmp_path / "ref" / "README.md").read_text()
+
+
+def test_the_reference_readme_rewritten_from_its_summary_keeps_the_paper_order(tmp_path):
+    """reference.json's keys are sorted; `python -m reports.reference --detector` writes README.md again
+    from it: figures in the combined report's order and each figure's variants in its file's order,
+    also from a summary written before it kept them (read from the figure files)."""
+    import json
+    import shutil
+
+    from reports import reference
+
+    ref = json.loads((REPO_ROOT / "reports" / "reference.json").read_text())
+    ref.pop("order", None)
+    for f in ref["figures"].values():
+        f.pop("variant_order", None)
+    (tmp_path / "reference.json").write_text(json.dumps(ref, sort_keys=True))
+    shutil.copytree(REPO_ROOT / "reports" / "detector", tmp_path / "detector")
+    assert reference.main(["--detector", "--out", str(tmp_path)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    heads = [line.rsplit("(`", 1)[1].rstrip("`)") for line in readme.splitlines() if line.startswith("### ") and "(`" in line]
+    assert heads[:4] == ["rm_scores", "rm_accuracy", "vanilla", "score_reparam"]  # Figs. 2, 3, 4, 6: not by name
+    per_variant = [line for line in readme.split("(`score_reparam`)")[1].splitlines() if line.startswith("Per variant")][0]
+    assert per_variant.split(": ", 1)[1].startswith("vanilla PPO: 5")  # the file's first variant, not the first by name
+    assert readme == (REPO_ROOT / "reports" / "README.md").read_text()  # as the committed one, written with the orders kept
