@@ -43,10 +43,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.schema import ConfigError, read_yaml
 from analysis.tricks_data import (  # noqa: F401 - the analysis's parts, one import away
     BOOTSTRAP, EVALUATORS, IMPORTANCE_BOOTSTRAP, LEVEL, MIN_CONFIGS, NOT_DRAWN, QUANTILE, TOP, StudyData, best_config,
-    importances, interaction, interactions, load_study, on_world, pair_table, percentile_ci, throughput, top_mask,
-    trial_params, value_table, world_agreement,
+    importances, interaction, interactions, load_study, on_world, pair_table, percentile_ci, provenance_of, throughput,
+    top_mask, trial_params, value_table, world_agreement,
 )
 
 
@@ -61,7 +62,7 @@ def analyse(d: StudyData, *, out_dir: str | Path | None = None, evaluator: str =
     if len(d.configs) < 2 * MIN_CONFIGS:
         notes.append(f"{len(d.configs)} configurations finished: intervals need at least {2 * MIN_CONFIGS}")
     params = trial_params(d)
-    s: dict[str, Any] = {"name": d.name, "title": d.attr.get("name", d.name), "score": d.score, "objectives":
+    s: dict[str, Any] = {"name": d.name, "title": d.attr.get("title") or _file_title(d) or d.name, "score": d.score, "objectives":
                          d.objectives, "configs": len(d.configs), "runs": len(d.runs), "worlds": d.worlds(),
                          "evaluator": evaluator, "notes": notes, "maximize": d.maximize}
     s["values"] = value_table(d, B=B, seed=seed)
@@ -70,6 +71,7 @@ def analyse(d: StudyData, *, out_dir: str | Path | None = None, evaluator: str =
     s["worlds_agreement"] = world_agreement(d, B=min(B, 200), seed=seed, params=params)
     s["throughput"] = throughput(d)
     s["best"] = best_config(d)
+    s["provenance"] = provenance_of(d)
     if claims:
         from analysis.tricks_claims import claims_table
 
@@ -81,9 +83,19 @@ def analyse(d: StudyData, *, out_dir: str | Path | None = None, evaluator: str =
         from analysis.tricks_figures import draw
 
         s["figures"] = draw(d, s, out)
-    (out / "tricks.json").write_text(json.dumps(compact(s), indent=1, default=str, allow_nan=True))
+    # the figures by file name: tricks.json lies beside them (a committed reference folder moves with its checkout)
+    (out / "tricks.json").write_text(json.dumps({**compact(s), "figures": [Path(f).name for f in s.get("figures") or []]},
+                                                indent=1, default=str, allow_nan=True, sort_keys=True) + "\n")
     s["out"] = str(out)
     return s
+
+
+def _file_title(d: StudyData) -> str:
+    """The sweep file's title, for a study recorded before its attr kept it."""
+    try:
+        return str(read_yaml(d.attr["sweep_file"]).get("title") or "")
+    except (KeyError, ConfigError):
+        return ""
 
 
 def compact(s: dict[str, Any]) -> dict[str, Any]:

@@ -429,6 +429,21 @@ def throughput(d: StudyData) -> dict[str, float]:
             "run_hours": busy, "mean_run_s": busy * 3600 / len(spans)}
 
 
+def provenance_of(d: StudyData) -> dict[str, Any]:
+    """The study's runs' provenance: their commits and each `provenance.*` tag (versions, CPU, worlds) with
+    its distinct values (one: the value; several: the sorted list), as reports/reference.json keeps it."""
+    ids = set(d.runs["run_id"]) if len(d.runs) else set()
+    c = tracking.client(d.tracking_uri)
+    exp = c.get_experiment_by_name(d.name)
+    seen: dict[str, set[str]] = {}
+    for r in (c.search_runs([exp.experiment_id], max_results=50000) if exp else []):
+        if r.info.run_id in ids:
+            for k, v in r.data.tags.items():
+                if k.startswith("provenance."):
+                    seen.setdefault(k.split(".", 1)[1], set()).add(v)
+    return {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}
+
+
 def best_config(d: StudyData, objective: str | None = None) -> dict[str, Any]:
     """The configuration with the best score: its trial number, score, drawn values and runs."""
     obj = objective or d.score

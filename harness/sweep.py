@@ -278,7 +278,8 @@ class SweepSpec:
         """What analysis.sweep_plots and analysis.tricks need, stored as the study's ATTR_SWEEP user attr."""
         space = {k: {a: v for a, v in dataclasses.asdict(d).items() if v is not None or (a == "otherwise" and d.when)}
                  for k, d in self.space.items()}
-        return {"name": self.name, "direction": self.direction, "metric": self.metric, "plot_pair": self.plot_pair,
+        return {"name": self.name, "title": self.file.title, "direction": self.direction, "metric": self.metric,
+                "plot_pair": self.plot_pair,
                 "search_space": space, "sweep_file": str(self.path), "seeds": self.seeds, "worlds": sorted(self.worlds),
                 "steps": self.steps,
                 "objectives": [dataclasses.asdict(o) for o in self.objectives]}

@@ -465,11 +465,13 @@ class BuildResult:
 
 
 def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str | Path = RESULTS, smooth_k: int = 1,
-          ablations_dir: str | Path | None = None, log_figures: bool = True, reference: bool = False) -> BuildResult:
+          ablations_dir: str | Path | None = None, log_figures: bool = True, reference: bool = False,
+          merge: bool = False) -> BuildResult:
     """Per-ablation PDFs and, when every ablation asked for (none: all, registry and store) has runs
     and more than one was asked for, the combined one. An ablation without runs is skipped with a
     message; one that fails is reported (`errors`, stderr) and left out. reference=True also writes
-    OUT/reference.json and OUT/README.md (reports.reference)."""
+    OUT/reference.json and OUT/README.md (reports.reference); with merge=True the named ablations' results
+    go into the committed ones, the others' kept (the combined PDF is left as it is: it needs every run)."""
     uri, out, st = tracking_uri or default_tracking_uri(), Path(out), make_styles()
     registry = ablation_names(ablations_dir)
     names = list(ablations) if ablations else registry + [n for n in ablations_in_store(uri) if n not in registry]
@@ -494,14 +496,14 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
-    whole = whole or (reference and bool(sections))  # the reference: every figure it holds
+    whole = (whole or (reference and bool(sections))) and not merge  # the reference: every figure it holds
     found = next(((d, e) for d in (out / "detector", *DETECTOR_DIRS) if (e := detector.load_summary(d / "evaluation.json"))),
                  None)
     combined = write_pdf(out / COMBINED, sections, info, st, detector_flowables(found, st)) if whole else None
     if reference:  # the committed folder holds reference results only: no report of older runs stays
-        for name in skipped:
+        for name in [] if merge else skipped:
             shutil.rmtree(out / name, ignore_errors=True)
-        write_reference(sections, out, skipped)
+        write_reference(sections, out, skipped, merge=merge)
     return BuildResult(reports, combined, errors, skipped)
 
 
@@ -513,14 +515,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help=f"output root (default {RESULTS}/; with --reference the committed reports/)")
     ap.add_argument("--reference", action="store_true",
                     help="rebuild the committed reference reports in reports/ with reference.json and README.md")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --reference and ABLATION names: put their results into the committed reference "
+                         "(reference.json, README.md), keeping every other figure's; for files run into a store of "
+                         "their own (a design study, a figure at a later commit)")
     ap.add_argument("--smooth", type=int, default=1, metavar="K",
                     help="rolling mean over K logged steps in figures (default 1 = raw)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")
     args = ap.parse_args(argv)
     out = Path(args.out or (REFERENCE if args.reference else RESULTS))
     try:
+        if args.merge and not (args.reference and args.ablations):
+            print("error: --merge: needs --reference and the ABLATION names to put in (e.g. reports.build study_tricks "
+                  "--reference --merge --tracking-uri STORE)", file=sys.stderr)
+            return 2
         res = build(args.ablations, args.tracking_uri, out, args.smooth, args.ablations_dir, not args.no_log,
-                    args.reference)
+                    args.reference, args.merge)
     except (UnknownAblation, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

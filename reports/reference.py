@@ -4,6 +4,7 @@ README.md, README.template.md's prose followed by a results section written from
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,13 @@ tables, reference.json): a rebuild over a previous one rewrites them, so
 they do not make the code count as uncommitted."""
 
 
-def reference_summary(sections: list, not_run: list[str], detector_eval: dict | None = None) -> dict[str, Any]:
+def reference_summary(sections: list, not_run: list[str], detector_eval: dict | None = None,
+                      tricks: dict[str, dict] | None = None) -> dict[str, Any]:
     """Per figure `summarize`, the runs' provenance (each provenance tag: its one value, or the sorted
-    distinct values), the registry's figures the store has no runs of, and the early-warning
+    distinct values), the registry's figures the store has no runs of, the early-warning
     detector's evaluation (the reference folder's detector/evaluation.json, written by `python -m
-    analysis.detector evaluate --out reports/detector` on the detector campaign's store)."""
+    analysis.detector evaluate --out reports/detector` on the detector campaign's store) and each
+    design study's analysis (its folder's tricks.json: analysis.tricks, "which tricks matter")."""
     figures = {s.spec.name: summarize(s.data, s.claims) for s in sections if not s.spec.is_sweep}
     # reference.json's keys are sorted: the paper's order (the sections') and each file's order of its
     # variants are kept as lists of their own
@@ -37,7 +40,32 @@ def reference_summary(sections: list, not_run: list[str], detector_eval: dict | 
     seen = provenance_values(s.data.runs for s in sections)
     return {"figures": figures, "order": list(figures), "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())},
-            **({"detector": detector_eval} if detector_eval else {})}
+            **({"detector": detector_eval} if detector_eval else {}), **({"tricks": tricks} if tricks else {})}
+
+
+def tricks_summaries(out: Path) -> dict[str, dict]:
+    """Each design study's summary in the reference folder: OUT/<study>/tricks.json (analysis.tricks)."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(out).glob("*/tricks.json"))}
+
+
+def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The committed summary `old` with the figures and design studies `names` of `new` (a build of those
+    alone, from the store they were run into) put in, the others kept: provenance values joined, `merged`
+    naming the commit each came from, the orders made again."""
+    res = {**old, "figures": {**old["figures"], **{k: v for k, v in new["figures"].items() if k in names}}}
+    for key in ("detector", "tricks"):
+        if new.get(key):
+            res[key] = new[key]
+    res["not_run"] = sorted(set(old.get("not_run") or []) - set(names))
+    prov: dict[str, set[str]] = {}
+    for side in (old, new):
+        for k, v in (side.get("provenance") or {}).items():
+            prov.setdefault(k, set()).update(v if isinstance(v, list) else [v])
+    res["provenance"] = {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(prov.items())}
+    res["merged"] = {**(old.get("merged") or {}), **{n: new["built_at_commit"] for n in names}}
+    res.pop("order", None)
+    keep_order(res)
+    return res
 
 
 def _row(cells: list[Any]) -> str:
@@ -73,6 +101,44 @@ def figure_text(name: str, f: dict) -> list[str]:
     return out + [""]
 
 
+def tricks_text(name: str, t: dict) -> list[str]:
+    """A design study: its size and throughput, the table "which tricks matter", the agreement between
+    worlds, the one-factor claims against it and the best configuration (the PDF has every table)."""
+    import pandas as pd
+
+    from analysis.tricks import headline
+
+    thr = t.get("throughput") or {}
+    prov = t.get("provenance") or {}
+    out = [f"### {t.get('title') or name} (`{name}`)", "",
+           f"{t['configs']} configurations, {t['runs']} runs on worlds {', '.join(map(str, t['worlds'])) or '–'}, code "
+           f"{prov.get('commit', 'unknown')}; a configuration's score is the mean of {t['score']} over its runs; "
+           f"importance: {t['evaluator']} above chance, Bonferroni bootstrap interval over the choices (a choice "
+           "matters when it lies above 0)"
+           + (f"; {thr['runs']} runs in {thr['hours']:.2f} h ({thr['runs_per_hour']:.0f} runs/h)"
+              if isinstance(thr.get("runs_per_hour"), (int, float)) else "") + f" (`reports/{name}/report.pdf`).", ""]
+    out += [*(f"- {n}" for n in t.get("notes") or []), *([""] if t.get("notes") else [])]
+    out += headline({"importances": pd.DataFrame(t["importances"]), "values": pd.DataFrame(t["values"]),
+                     "maximize": t.get("maximize", True)}, rows=len(t["importances"])) + [""]
+    for w in t.get("worlds_agreement") or []:
+        out += [f"Worlds {w['world_a']} and {w['world_b']}: Spearman ρ of the per-value 95th percentiles "
+                   f"{fmt(w['rho'])} [{fmt(w['ci_low'])}, {fmt(w['ci_high'])}] over {w['values']} values "
+                   f"({w['configs']} configurations), of the importances {fmt(w['importance_rho'])}.", ""]
+    claims = t.get("claims") or []
+    if claims:
+        says = [c["says"] for c in claims]
+        out += ["The one-factor claims against the design: " + ", ".join(
+            f"{says.count(k)} {k}" for k in ("agrees", "contradicts", "cannot say")) + f" (of {len(claims)}"
+            + ("; contradicts: " + "; ".join(f"{c['figure_file']}: {c['claim']}" for c in claims
+                                           if c["says"] == "contradicts") if "contradicts" in says else "") + ").", ""]
+    best = t.get("best") or {}
+    if best:
+        out += [f"Best configuration (trial {best['number']}, score {fmt(best['score'])}, selected on these runs; "
+                   "its rerun elsewhere: `analysis.tricks best`): "
+                   + ", ".join(f"{k}={v}" for k, v in best["values"].items()) + ".", ""]
+    return out
+
+
 def worlds_cell(c: dict) -> str:
     """'reproduced on k of K worlds: each world's verdict', and the pooled test's verdict where the
     claim is world-dependent (the interval beside it is the pooled test's)."""
@@ -106,6 +172,12 @@ def readme(summary: dict) -> str:
              ""]
     for name in summary.get("order") or summary["figures"]:  # the sections' order: the paper's
         lines += figure_text(name, summary["figures"][name])
+    for name, t in sorted((summary.get("tricks") or {}).items()):
+        lines += tricks_text(name, t)
+    if summary.get("merged"):
+        lines += ["Put in after that build, from the stores they were run into (`python -m reports.build NAME "
+                  "--reference --merge`): " + ", ".join(f"{n} (built at {c})" for n, c in sorted(summary["merged"].items()))
+                  + ".", ""]
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
     lines += detector_text(summary.get("detector")) + ["### Provenance of the runs", ""]
@@ -136,9 +208,13 @@ def keep_order(summary: dict[str, Any]) -> None:
                      + sorted(set(f["variants"]) - set(listed)))
 
 
-def write_reference(sections: list, out: Path, not_run: list[str]) -> dict[str, Any]:
-    """OUT/reference.json and OUT/README.md; returns the summary."""
-    summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"))
+def write_reference(sections: list, out: Path, not_run: list[str], merge: bool = False) -> dict[str, Any]:
+    """OUT/reference.json and OUT/README.md; returns the summary. merge: the sections' figures and studies
+    put into the committed summary, the others kept (`merged`)."""
+    summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
+                                tricks_summaries(out))
+    if merge and (out / "reference.json").is_file():
+        summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
     write_summary(summary, out)
     return summary
 
@@ -154,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     evaluation (reports/detector/evaluation.json) and reports/README.md is written again from it, the
     figures' results untouched (they change only with a reference rebuild of their runs)."""
     import argparse
-    import json
     import sys
 
     ap = argparse.ArgumentParser(prog="python -m reports.reference", description=main.__doc__)
@@ -170,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        summary.pop("collapse_rule", None)
-    keep_order(summary)  # the indicator rule, scored against the truth it miscounted; now a baseline
+        summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
+    if tricks_summaries(out):
+        summary["tricks"] = tricks_summaries(out)
+    keep_order(summary)
     write_summary(summary, out)
     print(f"{out / 'reference.json'} and {out / 'README.md'} written")
     return 0

@@ -294,3 +294,11 @@ def test_the_reference_readme_rewritten_from_its_summary_keeps_the_paper_order(t
     per_variant = [line for line in readme.split("(`score_reparam`)")[1].splitlines() if line.startswith("Per variant")][0]
     assert per_variant.split(": ", 1)[1].startswith("vanilla PPO: 5")  # the file's first variant, not the first by name
     assert readme == (REPO_ROOT / "reports" / "README.md").read_text()  # as the committed one, written with the orders kept
+
+
+def test_merge_asks_for_the_reference_and_the_names_to_put_in(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for args in (["--merge"], ["vanilla", "--merge"], ["--reference", "--merge"]):
+        assert build_main([*args, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
+        assert "--merge: needs --reference and the ABLATION names" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()

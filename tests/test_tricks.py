@@ -284,3 +284,30 @@ def test_reports_build_gives_a_design_study_its_pages(planted, store, tmp_path):
     text = " ".join(p.extract_text() for p in PdfReader(res.reports["syn_planted"]).pages)
     assert "Which tricks matter (syn_planted)" in text and "Per choice value" in text
     assert (tmp_path / "out" / "syn_planted" / "tricks.json").is_file()
+
+
+def test_a_design_study_merged_into_the_committed_reference_keeps_every_figure(planted, store, tmp_path):
+    """reports.build STUDY --reference --merge: the study's pages, tricks.json and README section go into a
+    committed reference folder whose figures (run into another store) stay as they were."""
+    import shutil
+
+    from harness.registry import REPO_ROOT
+    from reports import reference
+    from reports.build import build
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    shutil.copy(REPO_ROOT / "reports" / "reference.json", ref)
+    shutil.copytree(REPO_ROOT / "reports" / "detector", ref / "detector")
+    before = json.loads((ref / "reference.json").read_text())
+    res = build([planted.attr["sweep_file"]], store.uri, ref, log_figures=False, reference=True, merge=True)
+    assert not res.errors and res.combined is None and not (ref / "harness-report.pdf").exists()  # needs every run
+    after = json.loads((ref / "reference.json").read_text())
+    assert after["figures"] == before["figures"] and after["detector"] == before["detector"]
+    assert after["tricks"]["syn_planted"]["importances"][0]["choice"] == PLANTED
+    assert set(after["merged"]) == {"syn_planted"} and after["order"] == before["order"]
+    assert before["provenance"]["cpu.model"] in str(after["provenance"]["cpu.model"])  # joined, not replaced
+    readme = (ref / "README.md").read_text()
+    assert "(`syn_planted`)" in readme and f"| {PLANTED} |" in readme and "| matters |" in readme
+    assert "(`score_reparam`)" in readme and "Put in after that build" in readme
+    assert reference.main(["--out", str(ref)]) == 0 and (ref / "README.md").read_text() == readme  # idempotent
