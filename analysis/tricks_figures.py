@@ -22,8 +22,8 @@ HEATMAPS = 4  # the strongest interactions drawn
 LABEL_CHARS = 9
 
 
-def _short(v: str) -> str:
-    return "n/d" if v == NOT_DRAWN else (v if len(v) <= LABEL_CHARS else v[:LABEL_CHARS - 1] + "…")
+def _short(v: str, chars: int = LABEL_CHARS) -> str:
+    return "n/d" if v == NOT_DRAWN else (v if len(v) <= chars else v[:chars - 1] + "…")
 
 
 def violins(d: StudyData, values: pd.DataFrame, path: Path) -> Path:
@@ -50,14 +50,16 @@ def violins(d: StudyData, values: pd.DataFrame, path: Path) -> Path:
                 lo, hi = r["ci_low"], r["ci_high"]
                 err = [[r["percentile"] - lo], [hi - r["percentile"]]] if math.isfinite(lo) else None
                 ax.errorbar([i], [r["percentile"]], yerr=err, fmt="_", color="tab:red", ms=12, capsize=2, lw=1)
-        ax.set_xticks(range(len(labels)), [f"{_short(v)}\n{len(x)}" for v, x in zip(labels, data)], fontsize=6.5)
+        crowded = len(labels) > 5  # six values in a quarter of the width: shorter names, or they run together
+        ax.set_xticks(range(len(labels)), [f"{_short(v, 6 if crowded else LABEL_CHARS)}\n{len(x)}"
+                                           for v, x in zip(labels, data)], fontsize=6 if crowded else 6.5)
         ax.set_title(choice, fontsize=8)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel(d.score, fontsize=8)
-    fig.suptitle(f"{d.name}: {d.score} per choice value (configurations; red: 95th percentile and its 95% "
-                 "bootstrap CI; n/d: not drawn)", fontsize=9)
+    fig.suptitle(f"{d.name}: {d.score} per choice value, over configurations\n(red: the 95th percentile and its 95% "
+                 "bootstrap CI; n/d: not drawn; under each value: its configurations)", fontsize=9)
     fig.savefig(path, dpi=150)
     return path
 
