@@ -38,7 +38,8 @@ def reference_summary(sections: list, not_run: list[str], detector_eval: dict | 
     for f in figures.values():
         f["variant_order"] = list(f["variants"])
     seen = provenance_values(s.data.runs for s in sections)
-    return {"figures": figures, "order": list(figures), "built_at_commit": provenance.commit(ignore=GENERATED), "not_run": sorted(not_run),
+    return {"figures": figures, "order": list(figures), "built_at_commit": provenance.commit(ignore=GENERATED),
+            "not_run": sorted(not_run),
             "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())},
             **({"detector": detector_eval} if detector_eval else {}), **({"tricks": tricks} if tricks else {})}
 
