@@ -27,6 +27,7 @@ from harness.config import computed_fields, from_dict, merge
 from harness.registry import ABLATIONS_DIR, RegistryError, load_registry, parse_seeds
 from harness.schema import ConfigError, read_yaml
 from harness.sweep import load_sweep, trial_config
+from harness.tracking import redact
 
 PPO_MAX = "bases/ppo_max.yaml"
 SEEDS = 5  # the fewest a verdict accepts (analysis.stats.MIN_SEEDS)
@@ -77,8 +78,12 @@ def best_figure(d: Any, *, world: int, seeds: list[int] | None = None, out: str 
         ],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the run command as a checkout's user types it
+        shown = out.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = out
     head = (f"# Written by `python -m analysis.tricks best {d.name} --world {world}` from the study in "
-            f"{d.storage_url} (trial {best['number']}); run: python -m harness.ablate {out}\n")
+            f"{redact(d.storage_url)} (trial {best['number']}); run: python -m harness.ablate {shown}\n")
     out.write_text(head + yaml.safe_dump(fig, sort_keys=False, allow_unicode=True, width=110))
     try:
         load_registry(out)

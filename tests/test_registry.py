@@ -17,7 +17,8 @@ FIGURE_FILES = {
     "8": "ppo_max", "9": "ppo_max_long", "13": "rm_score_dist", "14": "adv_value_clip", "15": "kl_eta",
     "16": "entropy", "17": "value_clip", "18": "grad_clip", "19": "gae_lambda", "apa": "apa",
 }
-BEYOND_PAPER = {"est": "estimators", "kl": "kl_placement", "agg": "loss_aggregation", "code": "code_vs_paper"}
+BEYOND_PAPER = {"est": "estimators", "kl": "kl_placement", "agg": "loss_aggregation", "code": "code_vs_paper",
+                "tricks": "study_tricks_best"}  # the design study's best against PPO-max (analysis.tricks best)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
