@@ -546,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     elif res.skipped or res.errors:
         print(f"combined report not built: no runs of {', '.join(res.skipped) or '-'}"
               + (f"; failed: {', '.join(res.errors)}" if res.errors else ""))
+    elif args.merge:
+        print(f"combined report left as it was (--merge: {out / COMBINED} is built from every figure's runs)")
     else:
         print("combined report left as it was (one ablation named; name none, or several, to rebuild "
               f"{out / COMBINED})")

@@ -44,9 +44,20 @@ def reference_summary(sections: list, not_run: list[str], detector_eval: dict | 
             **({"detector": detector_eval} if detector_eval else {}), **({"tricks": tricks} if tricks else {})}
 
 
+TRICKS_CLAIM_FIELDS = ("figure_file", "figure", "claim", "source", "one_factor", "says", "reason")
+TRICKS_INTERACTIONS = 8  # the strongest pairs kept in the summary (tricks.json beside it has all)
+
+
 def tricks_summaries(out: Path) -> dict[str, dict]:
-    """Each design study's summary in the reference folder: OUT/<study>/tricks.json (analysis.tricks)."""
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(out).glob("*/tricks.json"))}
+    """Each design study's summary in the reference folder, from OUT/<study>/tricks.json (analysis.tricks):
+    every table but the interactions (the strongest only) and, per claim, its verdicts without the test text."""
+    found = {}
+    for p in sorted(Path(out).glob("*/tricks.json")):
+        t = json.loads(p.read_text())
+        t["interactions"] = (t.get("interactions") or [])[:TRICKS_INTERACTIONS]
+        t["claims"] = [{k: c[k] for k in TRICKS_CLAIM_FIELDS if k in c} for c in t.get("claims") or []]
+        found[p.parent.name] = t
+    return found
 
 
 def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -132,6 +143,12 @@ def tricks_text(name: str, t: dict) -> list[str]:
             f"{says.count(k)} {k}" for k in ("agrees", "contradicts", "cannot say")) + f" (of {len(claims)}"
             + ("; contradicts: " + "; ".join(f"{c['figure_file']}: {c['claim']}" for c in claims
                                            if c["says"] == "contradicts") if "contradicts" in says else "") + ").", ""]
+    if prov:
+        worlds = prov.get("world.hash")
+        accs = prov.get("world.rm/eval_acc")
+        out += [f"Runs' provenance: {prov.get('cpu.model', '?')}, torch {prov.get('version.torch', '?')}; worlds "
+                + ", ".join(w[:8] for w in (worlds if isinstance(worlds, list) else [worlds or "?"]))
+                + f" (RM held-out accuracy {', '.join(accs) if isinstance(accs, list) else accs or '?'}).", ""]
     best = t.get("best") or {}
     if best:
         out += [f"Best configuration (trial {best['number']}, score {fmt(best['score'])}, selected on these runs; "
