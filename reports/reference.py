@@ -65,9 +65,10 @@ def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[s
     alone, from the store they were run into) put in, the others kept: provenance values joined, `merged`
     naming the commit each came from, the orders made again."""
     res = {**old, "figures": {**old["figures"], **{k: v for k, v in new["figures"].items() if k in names}}}
-    for key in ("detector", "tricks"):
-        if new.get(key):
-            res[key] = new[key]
+    if new.get("detector"):
+        res["detector"] = new["detector"]
+    if new.get("tricks"):  # the studies of the folder the build wrote into, beside those the summary held
+        res["tricks"] = {**(old.get("tricks") or {}), **new["tricks"]}
     res["not_run"] = sorted(set(old.get("not_run") or []) - set(names))
     prov: dict[str, set[str]] = {}
     for side in (old, new):
@@ -264,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         summary["detector"] = ev
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
-    if tricks_summaries(out):
-        summary["tricks"] = tricks_summaries(out)
+    if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds
+        summary["tricks"] = {**(summary.get("tricks") or {}), **found}
     keep_order(summary)
     write_summary(summary, out)
     print(f"{out / 'reference.json'} and {out / 'README.md'} written")
