@@ -42,7 +42,7 @@ from scipy.stats import t as student_t
 from analysis.claims import check_claims, on_worlds
 from analysis.stats import ALPHA
 from analysis.store import (
-    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation, world_name,
+    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, distinct_values, load_ablation, world_name,
 )
 from harness import keys as K
 from harness import tracking
@@ -241,12 +241,7 @@ another RM, other runs), harness.provenance."""
 def provenance_values(frames: Iterable[pd.DataFrame]) -> dict[str, set[str]]:
     """Each `provenance.*` tag of the runs (the "provenance" column of analysis.store's run tables,
     prefix dropped) -> its distinct values."""
-    seen: dict[str, set[str]] = {}
-    for runs in frames:
-        for tags in runs["provenance"]:
-            for k, v in tags.items():
-                seen.setdefault(k, set()).add(v)
-    return seen
+    return distinct_values(tags for runs in frames for tags in runs["provenance"])
 
 
 def machine_differences(reference: dict, runs: pd.DataFrame) -> list[str]:

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.store import distinct_values, provenance_tags
 from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
@@ -77,6 +78,10 @@ class RunData:
     cap: int
     """generation.max_new_tokens."""
     group: str = ""
+    commit: str = "?"
+    """The code it ran (tag harness.git_commit)."""
+    provenance: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Its `provenance.*` tags, prefix dropped (analysis.store.provenance_tags)."""
 
     @property
     def fell(self) -> bool:
@@ -102,7 +107,8 @@ def _load_run(uri: str, run: Any) -> RunData | None:
     return RunData(run.info.run_id, t.get(K.TAG_ABLATION, ""), t.get(K.TAG_VARIANT, ""), int(t.get(K.TAG_SEED, 0)),
                    t.get("provenance.world.hash", "?"), t.get(K.TAG_CONFIG_HASH, ""), list(rows.items()),
                    gold_onset(_collapse_cfg(p), [(s, rows[s][K.GOLD_SCORE]) for s in steps]), steps[-1],
-                   int(parse_value(p.get("generation.max_new_tokens", "0")) or 0))
+                   int(parse_value(p.get("generation.max_new_tokens", "0")) or 0),
+                   commit=t.get(K.TAG_COMMIT, "?"), provenance=provenance_tags(t))
 
 
 def load_runs(uri: str) -> list[RunData]:
@@ -551,8 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             prov = {"commit": tracking.git_commit(), "store": tracking.redact(uri), "split": dataclasses.asdict(split),
                     "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
                     "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
-                    "run_commits": sorted({tracking.client(uri).get_run(r.run_id).data.tags.get(K.TAG_COMMIT, "?")
-                                           for r in fit_runs[:50]})}
+                    "run_commits": sorted({r.commit for r in fit_runs})}
             params = fit(fit_runs, fa_target=args.fa_target, provenance=prov,
                          leads=tuple(int(x) for x in args.leads.split(",")),
                          patiences=tuple(int(x) for x in args.patiences.split(",")))
@@ -568,14 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         ev["detector"] = {"file": str(getattr(args, "save", None) or getattr(args, "params", None) or DEFAULT_PARAMS.name),
                           "threshold": params.threshold,
                           "patience": params.patience, "provenance": params.provenance}
-        tags = [tracking.client(uri).get_run(r.run_id).data.tags for r in runs]
-        seen: dict[str, set[str]] = {}  # the runs' provenance (versions, CPU, worlds): each tag's distinct values
-        for t in tags:
-            for k, v in t.items():
-                if k.startswith("provenance."):
-                    seen.setdefault(k.split(".", 1)[1], set()).add(v)
-        ev["store"] = {"uri": tracking.redact(uri), "runs": len(runs),
-                       "commits": sorted({t.get(K.TAG_COMMIT, "?") for t in tags}),
+        seen = distinct_values(r.provenance for r in runs)  # the runs' versions, CPU, worlds: each tag's values
+        ev["store"] = {"uri": tracking.redact(uri), "runs": len(runs), "commits": sorted({r.commit for r in runs}),
                        "provenance": {k: sorted(v) for k, v in sorted(seen.items())}}
         (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
         draw(ev, out)

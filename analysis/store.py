@@ -19,7 +19,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,10 @@ STORE_OPTIONS = argparse.ArgumentParser(add_help=False)
 """The options of every CLI that reads ablations (argparse `parents=[STORE_OPTIONS]`)."""
 STORE_OPTIONS.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
 STORE_OPTIONS.add_argument("--ablations-dir", help="registry folder (default: the repo's ablations/)")
+STUDY_OPTIONS = argparse.ArgumentParser(add_help=False)
+"""The options of every CLI that reads an Optuna study (sweep plots, the design study's analysis and best)."""
+STUDY_OPTIONS.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+STUDY_OPTIONS.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
 
 
 def world_name(world: str, seed: str | int = "") -> str:
@@ -82,9 +86,33 @@ def _run_row(run, experiment: str) -> dict[str, Any]:
         "best_step": float(best) if best else float("nan"), "start_time": run.info.start_time,
         "figure": tags.get(K.TAG_FIGURE, ""), "git_commit": tags.get(K.TAG_COMMIT, ""), "experiment": experiment,
         "metric_keys": set(run.data.metrics),
-        "provenance": {k.removeprefix("provenance."): v for k, v in tags.items() if k.startswith("provenance.")},
+        "provenance": provenance_tags(tags),
         "world": tags.get(WORLD_HASH_TAG, ""), "world_seed": tags.get(WORLD_SEED_TAG, ""),
     }
+
+
+def provenance_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    """A run's `provenance.*` tags (harness.provenance.record), the prefix dropped."""
+    return {k.removeprefix("provenance."): v for k, v in tags.items() if k.startswith("provenance.")}
+
+
+def distinct_values(dicts: Iterable[Mapping[str, str]]) -> dict[str, set[str]]:
+    """Each key of the dicts (runs' provenance tags) -> its distinct values."""
+    seen: dict[str, set[str]] = {}
+    for d in dicts:
+        for k, v in d.items():
+            seen.setdefault(k, set()).add(v)
+    return seen
+
+
+def one_or_sorted(seen: Mapping[str, Iterable[str]]) -> dict[str, str | list[str]]:
+    """Each key, in order, -> its one value, or its distinct values sorted: provenance as the reference
+    summaries keep it."""
+    out: dict[str, str | list[str]] = {}
+    for k in sorted(seen):
+        values = sorted(set(seen[k]))
+        out[k] = values[0] if len(values) == 1 else values
+    return out
 
 
 def find_runs(tracking_uri: str, ablation: str, *, world_fallback: bool = False, dedupe: bool = True) -> pd.DataFrame:

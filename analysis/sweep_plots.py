@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 from optuna.visualization import matplotlib as vis
 
 from analysis.figures import FIG_WIDTH_IN
+from analysis.store import STUDY_OPTIONS
 from harness import tracking
 from harness.keys import TAG_SWEEP, TAG_TRIAL
 from harness.sweep import ATTR_PARENT_RUNS, stored_study
@@ -183,10 +184,8 @@ def plot_pair(attr: dict[str, Any], table: pd.DataFrame) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
-    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m analysis.sweep_plots", description=__doc__, parents=[STUDY_OPTIONS])
     p.add_argument("sweep", help="the sweep's name (its Optuna study) or its sweep YAML")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
     p.add_argument("--out-dir", help="where figures and tables go (default: results/<name>/)")
     args = p.parse_args(argv)
     try:

@@ -43,12 +43,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.schema import ConfigError, read_yaml
+from analysis.compare import rounded
+from analysis.store import STUDY_OPTIONS
 from analysis.tricks_data import (  # noqa: F401 - the analysis's parts, one import away
     BOOTSTRAP, EVALUATORS, IMPORTANCE_BOOTSTRAP, LEVEL, MIN_CONFIGS, NOT_DRAWN, QUANTILE, TOP, StudyData, best_config,
     importances, interaction, interactions, load_study, on_world, pair_table, percentile_ci, provenance_of, throughput,
     top_mask, trial_params, value_table, world_agreement,
 )
+from harness.schema import ConfigError, read_yaml
 
 
 def analyse(d: StudyData, *, out_dir: str | Path | None = None, evaluator: str = "anova",
@@ -102,7 +104,7 @@ def compact(s: dict[str, Any]) -> dict[str, Any]:
     """The summary as plain JSON data (tables as lists of records, floats to 4 significant digits)."""
     def num(x: Any) -> Any:
         if isinstance(x, (float, np.floating)):
-            return None if not math.isfinite(float(x)) else float(f"{float(x):.4g}")
+            return rounded(float(x))  # reference.json's rounding
         if isinstance(x, (np.integer,)):
             return int(x)
         if isinstance(x, (np.bool_,)):
@@ -148,12 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.tricks_best import main as best_main
 
         return best_main(argv[1:])
-    p = argparse.ArgumentParser(prog="python -m analysis.tricks", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m analysis.tricks", description=__doc__, parents=[STUDY_OPTIONS],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="python -m analysis.tricks best --help: the best configuration against PPO-max")
     p.add_argument("study", help="the study's name (its Optuna study) or its sweep YAML")
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
     p.add_argument("--out-dir", help="where tables and figures go (default: results/<name>/)")
     p.add_argument("--evaluator", choices=EVALUATORS, default="anova", help="importance: anova (default: the "
                    "first-order variance share), ped_anova or fanova (Optuna's evaluators; module doc)")

@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 import yaml
 
+from analysis.store import STUDY_OPTIONS
 from analysis.tricks_data import best_config, load_study
 from harness.config import computed_fields, from_dict, merge
 from harness.registry import ABLATIONS_DIR, RegistryError, load_registry, parse_seeds
@@ -93,15 +94,13 @@ def best_figure(d: Any, *, world: int, seeds: list[int] | None = None, out: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.tricks best", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m analysis.tricks best", description=__doc__, parents=[STUDY_OPTIONS],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("study", help="the design study's name (or its sweep YAML)")
     p.add_argument("--world", type=int, required=True, help="a world seed the study did not run on, e.g. 2")
     p.add_argument("--seeds", help=f"seeds, e.g. 10-14 (default: the {SEEDS} after the study's largest)")
     p.add_argument("--out", help="the figure file to write (default: ablations/<study>_best.yaml)")
     p.add_argument("--study-file", help="the study's sweep file (default: the one the study was run from)")
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--storage", help="Optuna storage URL (default: optuna.db next to MLflow's sqlite)")
     args = p.parse_args(argv)
     try:
         d = load_study(args.study, args.tracking_uri, args.storage)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from optuna.trial import TrialState
 from scipy import stats as sps
 
 from analysis.stats import proportion_ci
+from analysis.store import distinct_values, one_or_sorted, provenance_tags
 from harness import tracking
 from harness.design import label
 from harness.sweep import stored_study
@@ -71,6 +73,15 @@ class StudyData:
         if not drawn:  # a numeric range: the values the trials drew, sorted
             drawn = [label(v) for v in sorted({float(x) for x in self.configs[choice] if x != NOT_DRAWN})]
         return drawn + ([NOT_DRAWN] if dim.get("when") else [])
+
+    @cached_property
+    def mlflow_runs(self) -> list[Any]:
+        """The MLflow runs of the study's configurations (their experiment's runs that `runs` names), fetched
+        once for the throughput and the provenance."""
+        ids = set(self.runs["run_id"]) if len(self.runs) else set()
+        c = tracking.client(self.tracking_uri)
+        exp = c.get_experiment_by_name(self.name)
+        return [r for r in (c.search_runs([exp.experiment_id], max_results=50000) if exp else []) if r.info.run_id in ids]
 
     def worlds(self) -> list[Any]:
         return sorted({w for w in self.runs["world"] if w is not None and w == w}) if len(self.runs) else []
@@ -416,13 +427,9 @@ def throughput(d: StudyData) -> dict[str, float]:
     """Runs, their summed wall time and the span from the first start to the last end (hours), runs per hour
     over that span (pauses between invocations included) and per hour of run time divided by the runs
     that overlapped on average (the workers)."""
-    ids = set(d.runs["run_id"]) if len(d.runs) else set()
-    c = tracking.client(d.tracking_uri)
-    exp = c.get_experiment_by_name(d.name)
-    runs = [r for r in (c.search_runs([exp.experiment_id], max_results=50000) if exp else []) if r.info.run_id in ids]
-    spans = [(r.info.start_time, r.info.end_time) for r in runs if r.info.start_time and r.info.end_time]
+    spans = [(r.info.start_time, r.info.end_time) for r in d.mlflow_runs if r.info.start_time and r.info.end_time]
     if not spans:
-        return {"runs": len(ids), "hours": math.nan, "runs_per_hour": math.nan, "run_hours": math.nan}
+        return {"runs": len(d.runs), "hours": math.nan, "runs_per_hour": math.nan, "run_hours": math.nan}
     hours = (max(e for _, e in spans) - min(s for s, _ in spans)) / 3.6e6
     busy = sum(e - s for s, e in spans) / 3.6e6
     return {"runs": len(spans), "hours": hours, "runs_per_hour": len(spans) / hours if hours else math.nan,
@@ -432,16 +439,7 @@ def throughput(d: StudyData) -> dict[str, float]:
 def provenance_of(d: StudyData) -> dict[str, Any]:
     """The study's runs' provenance: their commits and each `provenance.*` tag (versions, CPU, worlds) with
     its distinct values (one: the value; several: the sorted list), as reports/reference.json keeps it."""
-    ids = set(d.runs["run_id"]) if len(d.runs) else set()
-    c = tracking.client(d.tracking_uri)
-    exp = c.get_experiment_by_name(d.name)
-    seen: dict[str, set[str]] = {}
-    for r in (c.search_runs([exp.experiment_id], max_results=50000) if exp else []):
-        if r.info.run_id in ids:
-            for k, v in r.data.tags.items():
-                if k.startswith("provenance."):
-                    seen.setdefault(k.split(".", 1)[1], set()).add(v)
-    return {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())}
+    return one_or_sorted(distinct_values(provenance_tags(r.data.tags) for r in d.mlflow_runs))
 
 
 def best_config(d: StudyData, objective: str | None = None) -> dict[str, Any]:

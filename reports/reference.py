@@ -12,6 +12,7 @@ from analysis import detector
 from analysis.claims import on_worlds
 from analysis.compare import provenance_values, summarize, world_entry_label
 from analysis.stats import WORLD_DEPENDENT
+from analysis.store import one_or_sorted
 from harness import provenance, statefile
 from harness.schema import ConfigError
 from harness.summary import fmt
@@ -40,7 +41,7 @@ def reference_summary(sections: list, not_run: list[str], detector_eval: dict | 
     seen = provenance_values(s.data.runs for s in sections)
     return {"figures": figures, "order": list(figures), "built_at_commit": provenance.commit(ignore=GENERATED),
             "not_run": sorted(not_run),
-            "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(seen.items())},
+            "provenance": one_or_sorted(seen),
             **({"detector": detector_eval} if detector_eval else {}), **({"tricks": tricks} if tricks else {})}
 
 
@@ -74,7 +75,7 @@ def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[s
     for side in (old, new):
         for k, v in (side.get("provenance") or {}).items():
             prov.setdefault(k, set()).update(v if isinstance(v, list) else [v])
-    res["provenance"] = {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in sorted(prov.items())}
+    res["provenance"] = one_or_sorted(prov)
     res["merged"] = {**(old.get("merged") or {}), **{n: new["built_at_commit"] for n in names}}
     res.pop("order", None)
     keep_order(res)

@@ -40,17 +40,23 @@ def hf_dirs(tmp_path_factory):
     return root
 
 
-@needs_shared
-def test_hh_prompts_with_local_hf_models(hf_dirs, tmp_path):
-    over = {
-        "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48, "data.eval_prompts": 8,
+def hh_config(hf_dirs: Path, tmp_path: Path, over: dict[str, object]):
+    """A small HH-RLHF run on the local HF models, its store and run folders in tmp_path, with `over`
+    (dotted keys) on top."""
+    base = {
+        "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48,
         "model.sft_path": str(hf_dirs / "sft"), "model.pretrained_path": str(hf_dirs / "sft"),
         "model.reward_path": str(hf_dirs / "rm"), "model.critic_path": str(hf_dirs / "critic"),
-        "ppo.steps": 2, "ppo.rollout_batch_size": 4, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 1,
-        "generation.max_new_tokens": 8, "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "logging.output_dir": str(tmp_path / "runs"), "logging.eval_every": 2, "logging.progress": False, "threads": 1,
+        "ppo.rollout_batch_size": 4, "ppo.ppo_epochs": 1, "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "logging.output_dir": str(tmp_path / "runs"), "logging.progress": False, "threads": 1,
     }
-    cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
+    return load_config(None, [f"{k}={v}" for k, v in {**base, **over}.items()])
+
+
+@needs_shared
+def test_hh_prompts_with_local_hf_models(hf_dirs, tmp_path):
+    cfg = hh_config(hf_dirs, tmp_path, {"data.eval_prompts": 8, "ppo.steps": 2, "ppo.num_minibatches": 2,
+                                        "generation.max_new_tokens": 8, "logging.eval_every": 2})
     res = train(cfg)
     assert res.status == "FINISHED", res.error
     r = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id)
@@ -83,17 +89,10 @@ def test_without_gold_the_warning_is_the_flag_and_stops_the_run(hf_dirs, tmp_pat
     always = tmp_path / "always.json"  # a detector whose score is 0.993 from its first window on
     always.write_text(json.dumps(dataclasses.asdict(DetectorParams(
         features=["kl"], mean=[0.0], scale=[1.0], coef=[0.0], intercept=5.0, threshold=0.5))))
-    over = {
-        "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48, "data.eval_prompts": 0,
-        "model.sft_path": str(hf_dirs / "sft"), "model.pretrained_path": str(hf_dirs / "sft"),
-        "model.reward_path": str(hf_dirs / "rm"), "model.critic_path": str(hf_dirs / "critic"),
-        "ppo.steps": 30, "ppo.rollout_batch_size": 4, "ppo.num_minibatches": 1, "ppo.ppo_epochs": 1,
-        "generation.max_new_tokens": 4, "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "logging.output_dir": str(tmp_path / "runs"), "logging.eval_every": 0, "logging.sample_every": 0,
-        "logging.checkpoint_every": 0, "logging.progress": False, "threads": 1,
-        "collapse.detector": str(always), "collapse.stop_on_collapse": True,
-    }
-    cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
+    cfg = hh_config(hf_dirs, tmp_path, {
+        "data.eval_prompts": 0, "ppo.steps": 30, "ppo.num_minibatches": 1, "generation.max_new_tokens": 4,
+        "logging.eval_every": 0, "logging.sample_every": 0, "logging.checkpoint_every": 0,
+        "collapse.detector": str(always), "collapse.stop_on_collapse": True})
     res = train(cfg)
     assert res.status == "FINISHED", res.error
     # the first score at step 15 (5 start steps + a 10-step window), three in a row: warned at 17, stopped there

@@ -15,6 +15,7 @@ import pytest
 
 from analysis import claims as C
 from analysis.compare import agreement, main, provenance_values, summarize, world_band
+from analysis.store import one_or_sorted
 from analysis.stats import (
     INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, WORLD_DEPENDENT, compare, compare_strata, compare_to,
     compare_to_strata, rate_strata, rate_vs_half,
@@ -85,7 +86,7 @@ def env(tmp_path_factory):
     table = C.check_claims(whole)
     seen = provenance_values([whole.runs])  # as reports.reference writes it: one value, or the sorted values
     ref = {"figures": {"worlds": summarize(whole, table)},
-           "provenance": {k: next(iter(v)) if len(v) == 1 else sorted(v) for k, v in seen.items()}}
+           "provenance": one_or_sorted(seen)}
     (root / "reference.json").write_text(json.dumps(ref))
     # another CPU: world seed 0's config (same hash), another build (another RM accuracy), its level
     # between the reference's worlds 1 and 2; the effects hold ("flip" too)
