@@ -549,10 +549,7 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
                         + ", ".join([DEFAULT_SCALE, *fs.profiles]))
     if fs.worlds is not None and fs.kind != "train":
         problems.append(f"{where}worlds: got {fs.worlds}; allowed: only in a train grid (kind: train)")
-    if len(set(fs.worlds or [])) < len(fs.worlds or []):
-        problems.append(f"{where}worlds: got {fs.worlds}; a world seed is listed twice")
-    if fs.world_set and fs.worlds is None:
-        problems.append(f"{where}world_set: given without `worlds`; allowed: world_set with a list of world seeds")
+    problems += world_problems(fs, where)
     if fs.kind == "train" and fs.base is None:
         problems.append(f"{where}base: missing; name a train config, e.g. bases/vanilla.yaml")
     base_data = resolve_file(fs.base, reg.path, f"{where}base", problems)
@@ -622,6 +619,16 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
 WORLDS_DIR = Path(".harness") / "worlds"
 """Where a grid over worlds keeps its worlds, one folder per world config hash (relative to the working
 directory, as data.world_dir's default .harness/world)."""
+
+
+def world_problems(fs: Any, where: str) -> list[str]:
+    """What is wrong with the `worlds` and `world_set` of a file that has them (a figure file, a sweep file)."""
+    problems = []
+    if len(set(fs.worlds or [])) < len(fs.worlds or []):
+        problems.append(f"{where}worlds: got {fs.worlds}; a world seed is listed twice")
+    if fs.world_set and fs.worlds is None:
+        problems.append(f"{where}world_set: given without `worlds`; allowed: world_set with a list of world seeds")
+    return problems
 
 
 def world_dirs(fs: Any, where: str, problems: list[str]) -> dict[int, tuple[Any, Path]]:

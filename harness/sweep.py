@@ -42,7 +42,7 @@ from pydantic import Field, model_validator
 
 from harness import config, design, keys, prog, schema, tracking
 from harness.config import TrainConfig, config_hash, from_dict, merge
-from harness.registry import resolve_file, world_dirs
+from harness.registry import resolve_file, world_dirs, world_problems
 from harness.summary import REDUCTIONS, by_step, reduce_run
 from harness.schema import Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, section
 from harness.study import (
@@ -513,12 +513,9 @@ DESIGNS = ("random", "sobol")
 
 def _worlds(f: SweepFile, cfg: TrainConfig, problems: list[str]) -> dict[int, tuple[Any, Path]]:
     """`worlds:` -> world seed -> (WorldConfig, folder), as a figure file's (harness.registry.world_dirs)."""
-    if f.world_set and f.worlds is None:
-        problems.append("world_set: given without `worlds`; allowed: world_set with a list of world seeds")
+    problems += world_problems(f, "")
     if f.worlds is None:
         return {}
-    if len(set(f.worlds)) < len(f.worlds):
-        problems.append(f"worlds: got {f.worlds}; a world seed is listed twice")
     if cfg.data.source != "world":
         problems.append(f"worlds: got {f.worlds} with data.source={cfg.data.source}; allowed: only on the world")
         return {}
