@@ -10,7 +10,8 @@ study's ask/tell; this module does the rest for both:
 
 - The lock beside the store (a sqlite store's file, else the runs folder): a grid's is exclusive
   (a second runner is refused, naming it), a sweep's is shared by every runner of the study. A
-  runner that holds it alone knows that whatever the store shows RUNNING is dead (`alone`).
+  runner that holds it alone knows that whatever the store shows RUNNING is dead (`alone`); a
+  sweep's runner closes those (`recover`) on entry, before it lets another runner in.
 - The parent run is found again by its identity (tag harness.study_hash), so a rerun continues
   under the same parent; stale failure tags of an earlier attempt are removed when it finishes.
 - A task runs in a worker (a fresh process, a Slurm job, or a torchrun job inside one) that
@@ -383,13 +384,19 @@ class Study:
     """One study in one MLflow store: lock, parent run, dead-run recovery, execution, the end."""
 
     def __init__(self, uri: str, experiment: str, identity: Any, *, runs_dir: str | Path = "runs",
-                 exclusive: bool = True, what: str = "python -m harness.ablate", noun: str = "grid"):
+                 exclusive: bool = True, what: str = "python -m harness.ablate", noun: str = "grid",
+                 recover: Callable[["Study"], Any] | None = None):
         self.uri, self.experiment, self.hash = uri, experiment, study_hash(identity)
         self.runs_dir, self.exclusive, self.what, self.noun = Path(runs_dir), exclusive, what, noun
         self.lock_path = lock_file(uri, self.runs_dir, experiment)
         self.parent_run_id: str | None = None
         self.alone = False
-        """True when no other runner of this study is alive (the lock was had exclusively)."""
+        """True while no other runner of this study is alive: a grid's for its whole run (its lock is
+        exclusive), a sweep's only inside `recover` at entry (other runners may join after it)."""
+        self.recover = recover
+        """Called on entry while no other runner is alive or can start (a shared lock's runners): closes
+        what the store shows RUNNING, which can only be a dead runner's then. Its value: `recovered`."""
+        self.recovered: Any = None
         self._stack = ExitStack()
 
     # -- the lock
@@ -403,14 +410,25 @@ class Study:
                                 f"{tracking.redact(self.uri)} (lock {self.lock_path}); wait for it to finish, or stop "
                                 "it, then rerun") from None
             self.alone = True
-        else:
-            rw = filelock.ReadWriteLock(str(self.lock_path), is_singleton=False)
-            try:  # held exclusively for a moment: nobody else runs this study
-                with rw.write_lock(blocking=False):
-                    self.alone = True
-            except filelock.Timeout:
-                self.alone = False
-            self._stack.enter_context(rw.read_lock())
+            self.recovered = self.recover(self) if self.recover else None
+            return self
+        # A shared lock. The recovery runs while we hold it exclusively: a runner started meanwhile
+        # waits for its shared hold until the recovery is done, and is not alone. (Checked first and
+        # recovered later, a runner started a moment after us could start a trial in between, and we
+        # would close its live trial as a dead runner's.)
+        rw = filelock.ReadWriteLock(str(self.lock_path), is_singleton=False)
+        try:
+            exclusive = rw.acquire_write(blocking=False)
+        except filelock.Timeout:  # another runner holds it: what shows RUNNING may be its
+            exclusive = None
+        if exclusive is not None:
+            with exclusive:
+                self.alone = True
+                try:
+                    self.recovered = self.recover(self) if self.recover else None
+                finally:
+                    self.alone = False
+        self._stack.enter_context(rw.read_lock())
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -1009,8 +1009,9 @@ def _run_of(uri: str, experiment: str, task: Task) -> Any:
 
 
 def fail_orphans(st: Study, study: Any) -> list[int]:
-    """With no other runner of the study alive (st.alone), every RUNNING trial's runner is dead: tell
-    them failed (interrupted: made up with the same values), end their MLflow runs KILLED."""
+    """With no other runner of the study alive (st.alone: Study calls this on entry, before any other
+    runner can start), every RUNNING trial's runner is dead: tell them failed (interrupted: made up
+    with the same values), end their MLflow runs KILLED."""
     if not st.alone:
         return []
     lost = []
@@ -1044,7 +1045,8 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     study = open_study(spec, storage_url)
     status, interrupted = "FINISHED", False
     with Study(uri, spec.name, ("sweep", spec.name, tracking.redact(storage_url)), runs_dir=runs_dir,
-               exclusive=False, what="python -m harness.sweep", noun="sweep") as st:
+               exclusive=False, what="python -m harness.sweep", noun="sweep",
+               recover=lambda st: fail_orphans(st, study)) as st:
         with st.creation_lock():  # one parent run and one set of first trials when two sweeps start at once
             stored = study.user_attrs.get(ATTR_SWEEP)
             if stored is None and not study.get_trials(deepcopy=False):
@@ -1066,7 +1068,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
             if runs.get(tracking.redact(uri)) != parent_run_id:
                 tracking.log_text_artifact(uri, parent_run_id, spec.path.read_text(), "sweep.yaml")
                 study.set_user_attr(ATTR_PARENT_RUNS, {**runs, tracking.redact(uri): parent_run_id})
-        lost = fail_orphans(st, study)
+        lost = st.recovered or []
         counts = trial_counts(study)
         target = spec.trials + counts["interrupted"]  # interrupted trials are made up
         remaining = max(0, spec.trials - counts["counted"] - counts["running"])  # queued ones are run here

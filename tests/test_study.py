@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,6 +33,7 @@ from harness import ablate, sweep, tracking
 from harness import keys as K
 from harness import train as harness_train
 from harness.config import load_config
+from harness.study import Study
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -199,6 +201,48 @@ def test_trial_seeded_sampler_draws_by_trial_number():
     assert draws(seeded(rand, seed=1), 6) != one
     assert draws(seeded(tpe), 3, studies=2) == draws(seeded(tpe), 3)  # TPE's random start-up trials too
     assert len({tuple(p.items()) for p in draws(seeded(tpe), 3)}) == 3
+
+
+def test_a_runner_started_during_another_ones_dead_run_recovery_waits_and_is_not_alone(tmp_path):
+    """The race two sweeps started at once ran into: the first runner found itself alone, the second
+    started a trial before the first closed what was RUNNING, and the first closed that live trial as
+    a dead runner's. Now the recovery runs while the lock is held exclusively."""
+    uri = store_uri(tmp_path)
+
+    def runner(log: list[str], name: str) -> Study:
+        return Study(uri, "twins", ("sweep", "twins"), runs_dir=tmp_path / "runs", exclusive=False,
+                     recover=lambda st: log.append(f"{name} recovers, alone={st.alone}") or [name])
+
+    log: list[str] = []
+    second_in = threading.Event()
+
+    def second() -> None:
+        with runner(log, "second") as st:
+            log.append(f"second in, alone={st.alone}, recovered={st.recovered}")
+            second_in.set()
+            held.wait(timeout=30)
+
+    held = threading.Event()
+    thread = threading.Thread(target=second)
+
+    def first_recovers(st: Study) -> list[str]:
+        log.append(f"first recovers, alone={st.alone}")
+        thread.start()  # the second runner starts now, in the middle of the first one's recovery
+        assert not second_in.wait(timeout=1.0), "the second runner got in during the first one's recovery"
+        log.append("first recovered")
+        return ["first"]
+
+    first = Study(uri, "twins", ("sweep", "twins"), runs_dir=tmp_path / "runs", exclusive=False,
+                  recover=first_recovers)
+    with first:
+        assert second_in.wait(timeout=30)
+        assert (first.alone, first.recovered) == (False, ["first"])
+        held.set()
+        thread.join(timeout=30)
+    assert log == ["first recovers, alone=True", "first recovered", "second in, alone=False, recovered=None"]
+    with runner(log, "third") as st:  # everyone has left: the next runner recovers again
+        assert st.recovered == ["third"]
+    assert log[-1] == "third recovers, alone=True"
 
 
 @pytest.mark.slow
