@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine (see README):
-#   make run    build the embedded world if missing, run the Fig. 6 grid, draw it, build its report
+#   make run    unpack the embedded world if missing, run the Fig. 6 grid, draw it, build its report
 #   make test   run the test suite
 # Both create or reuse .venv from requirements.lock, whose torch is the CPU build (2.13.0+cpu), so
 # the install never pulls a CUDA build.

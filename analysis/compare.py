@@ -55,9 +55,9 @@ BASE_METRICS = {"train": [(K.RM_SCORE, "final"), (K.GOLD_SCORE, "final"), (K.KL,
 """Summary numbers kept for every figure of a kind, beside those its claims use."""
 CLAIM_FIELDS = ["claim", "source", "verdict", "n", "statistic", "estimate", "ci_low", "ci_high", "level", "p_value",
                 "effect_size", "min_detectable", "reason", "world_verdicts", "pooled_verdict"]
-WORLD_FINGERPRINT = ("world.rm/eval_acc", "world.rm/eval_acc_gold", "world.world/sft_gold_mean")
-"""Measured properties of a built world (provenance tags) that tell two builds of one world config
-apart: another CPU's float rounding trains another RM from the same config hash."""
+WORLD_FINGERPRINT = ("world.content", "world.rm/eval_acc", "world.rm/eval_acc_gold", "world.world/sft_gold_mean")
+"""What tells two builds of one world config apart (provenance tags): its content hash (the bytes),
+and measured properties, as another CPU's float rounding trains another RM from one config hash."""
 
 
 def rounded(x: Any, digits: int = 4) -> Any:

@@ -25,7 +25,7 @@ RESULTS = "results"  # figures and reports of this run (ignored by git)
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m harness.main",
-        description="The main job: build the embedded world if missing, run an ablation grid, draw its "
+        description="The main job: unpack (or build) the embedded world if missing, run an ablation grid, draw its "
                     "figure and build its report PDF. Rerunning resumes where it stopped.",
         epilog="Each step alone: python -m harness.world build | python -m harness.ablate FILE | "
                "python -m analysis.figures NAME | python -m reports.build NAME",

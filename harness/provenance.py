@@ -65,7 +65,7 @@ def versions() -> dict[str, str]:
 
 
 def world(world_dir: str | Path | None) -> dict[str, str]:
-    """The built world's hash and its measured properties (RM accuracies, SFT gold), if any."""
+    """The built world's config hash, content hash and measured properties (RM accuracies, SFT gold), if any."""
     if not world_dir:
         return {}
     try:
@@ -73,7 +73,9 @@ def world(world_dir: str | Path | None) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     metrics = {k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))}
-    return {"hash": str(info.get("config_hash", "unknown")), **metrics}
+    from harness.world.shipped import content_hash  # the bytes: one config builds other weights on another CPU
+
+    return {"hash": str(info.get("config_hash", "unknown")), "content": content_hash(world_dir), **metrics}
 
 
 def record(world_dir: str | Path | None = None) -> dict[str, str]:

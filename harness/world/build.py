@@ -1,7 +1,9 @@
 """Build, cache and load the embedded world. `build_world` runs the stages into a temporary folder
 beside `out_dir` and renames it into place only when complete, so a killed build never leaves half
 a world; a later call with the same config (its hash is in world.json) returns at once. Of the
-files, only build_info.json (timings, MLflow run id) differs between identical builds.
+files, only build_info.json (timings, MLflow run id, CPU) differs between identical builds on one
+kind of CPU. A config the project ships a world for (harness/world/shipped.py) is unpacked, not
+built, unless `shipped=False`: another CPU builds other weights from the same config.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from filelock import FileLock
 from transformers import GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
-from harness import keys, statefile, tracking
+from harness import keys, provenance, statefile, tracking
 from harness.config import flatten, to_dict
-from harness.world import corpus, grammar
+from harness.world import corpus, grammar, shipped as shipped_worlds
 from harness.world.config import WORLD_FORMAT, WorldConfig, world_config_from_dict, world_config_hash
 from harness.world.gold import gold_reward
 from harness.world.lm import gpt2_config, mean_response_nll, sample_ids, train_causal_lm, train_tokenizer
@@ -248,7 +250,7 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     _write(tmp / INFO_FILE, {
         "timings_s": timings, "cpu_s": cpu, "mlflow_run_id": run_id, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "skipped_identical_pairs": skipped, "torch_threads": torch.get_num_threads(),
+        "skipped_identical_pairs": skipped, "torch_threads": torch.get_num_threads(), "cpu": provenance.cpu(),
     })
     _write(tmp / WORLD_FILE, {
         "format": WORLD_FORMAT, "config_hash": chash, "config": to_dict(cfg), "metrics": metrics,
@@ -256,6 +258,28 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
         "n_train_prompts": len(train_prompts), "n_eval_prompts": len(eval_prompts),
     })
     return points
+
+
+def _unpack_into(out: Path, chash: str, entry: dict[str, Any], progress: bool) -> Path:
+    """The shipped world of `chash` into `out` (we hold its lock): unpacked beside it, checked, renamed in."""
+    tmp = out.parent / f".{out.name}.building-{uuid.uuid4().hex[:8]}"
+    t0 = time.perf_counter()
+    try:
+        shipped_worlds.unpack(chash, tmp)
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, shipped_worlds.ShippedWorldError):
+            raise WorldError(str(e)) from None
+        raise
+    _log(progress, f"world {chash}: unpacked the shipped one (content {entry['content']}, built on "
+                   f"{entry['built_on']['cpu.model']}) into {out} in {time.perf_counter() - t0:.1f}s; "
+                   "build it on this CPU instead with --no-shipped")
+    return out
 
 
 def build_world(
@@ -268,14 +292,22 @@ def build_world(
     tags: dict[str, str] | None = None,
     progress: bool = True,
     force: bool = False,
+    shipped: bool = True,
 ) -> Path:
     """Build the world for `wcfg` into `out_dir`, or return at once if it is already there (`force`:
     rebuild anyway); one builder per folder at a time, as parallel workers may all ask for it. With a
     tracking URI the build is one MLflow run in `experiment` (tag harness.role=world) with the RM
-    curves, final numbers and rm_score_diff.json."""
+    curves, final numbers and rm_score_diff.json. A config the project ships a world of is unpacked
+    from its archive instead (`shipped`: False builds it on this CPU)."""
     out = Path(out_dir).resolve()
     chash = world_config_hash(wcfg)
+    entry = shipped_worlds.shipped(chash) if shipped else None
     if not force and built_hash(out) == chash:
+        if entry and shipped_worlds.content_hash(out) != entry["content"]:
+            _log(progress, f"note: {out} holds a world of config {chash} built here, not the shipped one (content "
+                           f"{shipped_worlds.content_hash(out)}, shipped {entry['content']}); runs on it compare with "
+                           f"the reference only within the world-to-world spread. The shipped one: "
+                           f"python -m harness.world build --out {out} --force")
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out.parent / f".{out.name}.lock")):
@@ -286,6 +318,8 @@ def build_world(
                              "allowed: an empty folder, a world folder, or a new path")
         for stale in out.parent.glob(f".{out.name}.building-*"):  # left by killed builds (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
+        if entry:
+            return _unpack_into(out, chash, entry, progress)
         run_id = None
         if tracking_uri:
             tags = {keys.TAG_ROLE: "world", keys.TAG_CONFIG_HASH: chash, keys.TAG_SEED: str(wcfg.seed),
