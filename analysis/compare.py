@@ -231,11 +231,11 @@ def load_reference(path: str | Path) -> dict:
                          "it is written by `python -m reports.build --reference`") from None
 
 
-MACHINE_KEYS = ("cpu.model", "cpu.flags", "world.hash", "world.rm/eval_acc", "world.rm/eval_acc_gold",
-                "version.torch")
-"""Provenance that decides whether runs can match the reference number for number: the world is
-built on the user's CPU, and another CPU model's float rounding gives another world (other weights,
-another RM, other runs), harness.provenance."""
+MACHINE_KEYS = ("cpu.model", "cpu.flags", "world.hash", "world.content", "world.rm/eval_acc",
+                "world.rm/eval_acc_gold", "version.torch")
+"""Provenance that decides whether runs can match the reference number for number: a world built on
+the user's CPU (not the shipped one) differs from the reference's by float rounding (other weights,
+another RM, other runs), and another CPU trains other runs on one world, harness.provenance."""
 
 
 def provenance_values(frames: Iterable[pd.DataFrame]) -> dict[str, set[str]]:
