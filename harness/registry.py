@@ -236,6 +236,10 @@ class FigureFile:
     null: the one world at the base's data.world_dir."""
     world_set: dict[str, Any] = Field(default_factory=dict)
     """WorldConfig overrides for every world of `worlds` (e.g. {model.n_layer: 4} for a bigger world)."""
+    reference_worlds: Annotated[list[Seed], Field(min_length=2)] | None = None
+    """World seeds the committed reference runs this file on (`python -m reports.rerun` passes them as
+    --worlds), so its verdicts say on how many worlds they hold; a plain run uses `worlds`, else the one
+    world. null: the reference runs it on the default world only."""
     variants: list[VariantEntry] = Field(default_factory=list)
     """Named variants (a bare string: a variant with no settings)."""
     grid: Grid | None = None
@@ -297,6 +301,8 @@ class Registry:
     order: int | None = None
     inferred: list[str] = dataclasses.field(default_factory=list)
     description: str = ""
+    reference_worlds: list[int] | None = None
+    """The world seeds of the committed reference's runs of this file (reports.rerun), or None."""
     shared: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The top-level `set`, flat: overrides every variant shares."""
     profiles: list[str] = dataclasses.field(default_factory=list)
@@ -529,7 +535,7 @@ def load_registry(
         seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels), x=fs.x,
         claims=_claims(fs, variants, src, problems), order=fs.order, inferred=list(fs.inferred),
         description=" ".join(fs.description.split()), shared=flat_settings(fs.set, leaves, f"{where}set", problems),
-        profiles=list(fs.profiles), scale=scale or DEFAULT_SCALE,
+        profiles=list(fs.profiles), scale=scale or DEFAULT_SCALE, reference_worlds=fs.reference_worlds,
     )
     if resolve:
         _resolve_runs(reg, fs, leaves, bool(seeds), overrides or {}, only, problems)
@@ -547,8 +553,11 @@ def _resolve_runs(reg: Registry, fs: FigureFile, leaves: list[str], seeds_given:
     if scale != DEFAULT_SCALE and scale not in fs.profiles:
         problems.append(f"{where}--scale {scale}: this file has no profiles.{scale}; available scales: "
                         + ", ".join([DEFAULT_SCALE, *fs.profiles]))
-    if fs.worlds is not None and fs.kind != "train":
-        problems.append(f"{where}worlds: got {fs.worlds}; allowed: only in a train grid (kind: train)")
+    for key in ("worlds", "reference_worlds"):
+        if getattr(fs, key) is not None and fs.kind != "train":
+            problems.append(f"{where}{key}: got {getattr(fs, key)}; allowed: only in a train grid (kind: train)")
+    if fs.reference_worlds and len(set(fs.reference_worlds)) < len(fs.reference_worlds):
+        problems.append(f"{where}reference_worlds: got {fs.reference_worlds}; a world seed is listed twice")
     problems += world_problems(fs, where)
     if fs.kind == "train" and fs.base is None:
         problems.append(f"{where}base: missing; name a train config, e.g. bases/vanilla.yaml")
@@ -626,8 +635,9 @@ def world_problems(fs: Any, where: str) -> list[str]:
     problems = []
     if len(set(fs.worlds or [])) < len(fs.worlds or []):
         problems.append(f"{where}worlds: got {fs.worlds}; a world seed is listed twice")
-    if fs.world_set and fs.worlds is None:
-        problems.append(f"{where}world_set: given without `worlds`; allowed: world_set with a list of world seeds")
+    if fs.world_set and fs.worlds is None and getattr(fs, "reference_worlds", None) is None:
+        problems.append(f"{where}world_set: given without `worlds`; allowed: world_set with a list of world seeds"
+                        + (" (`worlds` or `reference_worlds`)" if hasattr(fs, "reference_worlds") else ""))
     return problems
 
 

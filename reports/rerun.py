@@ -1,6 +1,6 @@
 """Rerun the reference results from scratch: the embedded world, every figure file and sweep under
-ablations/ at its own seeds, all into one MLflow store, then the committed reports rebuilt from
-that store (`python -m reports.build --reference`).
+ablations/ at its own seeds and on its `reference_worlds`, all into one MLflow store, then the
+committed reports rebuilt from that store (`python -m reports.build --reference`).
 
     python -m reports.rerun                          # ~3.5 hours on 2 cores (the design study 1.4); store in reference-runs/
     python -m reports.rerun --only score_reparam     # some files only: runs, no reports (they need all)
@@ -66,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         if f in sweeps:
             rc = sweep.main([str(f), *common, "--storage", f"sqlite:///{store / 'optuna.db'}"])
         else:  # the world it reads, built when missing and logged to the same store (Fig. 2 / 3 read it)
+            worlds = []  # the file's reference_worlds: built by the grid itself, cached by config hash
             with contextlib.suppress(ConfigError):  # an invalid file: ablate.main says what is wrong
-                ablate.ensure_worlds(load_registry(f), uri, a.workers, missing_default=True)
-            rc = ablate.main([str(f), *common, "--runs-dir", str(store / "runs"), "--no-progress"])
+                reg = load_registry(f)
+                ablate.ensure_worlds(reg, uri, a.workers, missing_default=True)
+                worlds = ["--worlds", ",".join(map(str, reg.reference_worlds))] if reg.reference_worlds else []
+            rc = ablate.main([str(f), *common, *worlds, "--runs-dir", str(store / "runs"), "--no-progress"])
         if rc:
             failed.append(f"{f.stem} (exit {rc})")
     print(f"\nruns done in {fmt_duration(time.time() - t0)}"

@@ -426,6 +426,23 @@ def test_a_grid_over_two_worlds_builds_each_once_and_tags_its_runs(tmp_path, tin
     assert {f: (f / "world.json").stat().st_mtime_ns for f in folders} == stamps  # nothing rebuilt
     assert len(runs_in(uri, "world", "world")) == 2 and len(runs_in(uri, "worlds_grid")) == 2
 
+    # a file whose reference runs on both worlds (reference_worlds): a plain run uses the one world,
+    # `python -m reports.rerun` both, from the same cache
+    from reports import rerun
+
+    abl = tmp_path / "abl"
+    abl.mkdir()
+    ref_worlds = "reference_worlds: [0, 1]\nworld_set:\n" + "".join(f"  {k}: {v}\n" for k, v in TINY.items())
+    tiny_grid(abl, tiny_world, "ref_worlds_grid", extra_variant=ref_worlds)
+    assert ablate.main([str(abl / "ref_worlds_grid.yaml"), "--dry-run", "--variant", VARIANTS[0]]) == 0
+    assert "1 runs (1 variants x 1 seeds)" in capsys.readouterr().out
+    ref = tmp_path / "ref"
+    assert rerun.main(["--ablations", str(abl), "--store", str(ref), "--only", "ref_worlds_grid", "--no-build",
+                       "--workers", "2"]) == 0
+    assert "building" not in capsys.readouterr().out  # the worlds cached above
+    runs = runs_in(store_uri(ref), "ref_worlds_grid")
+    assert sorted(r.data.tags[K.TAG_WORLD_SEED] for r in runs) == ["0", "0", "1", "1"]
+
 
 # ---------------------------------------------------------------------------- 6. a sweep through submitit
 @pytest.mark.slow
