@@ -121,6 +121,7 @@ TAG_ABLATION = "harness.ablation"
 TAG_FIGURE = "harness.figure"
 TAG_VARIANT = "harness.variant"
 TAG_WORLD_SEED = "harness.world_seed"  # the world seed of a run in a grid over worlds (`worlds:`)
+TAG_WORLD_SHIPPED = "harness.world_shipped"  # a world run that unpacked the shipped world: its content hash
 TAG_TRIAL = "harness.trial"
 TAG_SWEEP = "harness.sweep"
 TAG_TRIAL_STATE = "harness.trial_state"

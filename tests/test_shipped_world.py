@@ -32,6 +32,22 @@ def test_the_default_world_is_shipped_and_unpacked_with_its_hashes_checked(tmp_p
     assert capsys.readouterr().out == ""
 
 
+def test_an_unpacked_world_logs_its_world_run_as_a_build_does(tmp_path):
+    """Figs. 2 and 3 read the RM's training from the world's MLflow run: an unpacked world logs it too."""
+    from harness import keys as K
+    from harness import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = build_world(WorldConfig(), tmp_path / "world", tracking_uri=uri, progress=False)
+    c = tracking.client(uri)
+    (run,) = c.search_runs([c.get_experiment_by_name("world").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags[K.TAG_ROLE] == "world"
+    assert run.data.tags[K.TAG_WORLD_SHIPPED] == shipped.content_hash(out)
+    assert run.data.metrics[K.RM_EVAL_ACC] == load_world(out).metrics[K.RM_EVAL_ACC]
+    assert len(c.get_metric_history(run.info.run_id, K.RM_EVAL_ACC)) > 5  # the curve Fig. 3 draws
+    assert {a.path for a in c.list_artifacts(run.info.run_id)} >= {K.RM_SCORE_DIFF, "world.json"}
+
+
 def test_a_damaged_archive_is_refused_and_leaves_no_world(tmp_path, monkeypatch):
     chash = world_config_hash(WorldConfig())
     damaged = tmp_path / "shipped"

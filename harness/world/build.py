@@ -260,8 +260,13 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     return points
 
 
-def _unpack_into(out: Path, chash: str, entry: dict[str, Any], progress: bool) -> Path:
-    """The shipped world of `chash` into `out` (we hold its lock): unpacked beside it, checked, renamed in."""
+def _unpack_into(out: Path, wcfg: WorldConfig, chash: str, entry: dict[str, Any], progress: bool,
+                 tracking_uri: str | None, run_tags: dict[str, str], experiment: str,
+                 parent_run_id: str | None) -> Path:
+    """The shipped world of `chash` into `out` (we hold its lock): unpacked beside it, checked, renamed
+    in. With a tracking URI, one world run as a build logs it, from the files the build left (the RM's
+    curves in data/rm_history.json, its final numbers, rm_score_diff.json); the LM loss curves are not
+    kept, and the run says it was unpacked (tag harness.world_shipped: the content hash)."""
     tmp = out.parent / f".{out.name}.building-{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
     try:
@@ -279,6 +284,17 @@ def _unpack_into(out: Path, chash: str, entry: dict[str, Any], progress: bool) -
     _log(progress, f"world {chash}: unpacked the shipped one (content {entry['content']}, built on "
                    f"{entry['built_on']['cpu.model']}) into {out} in {time.perf_counter() - t0:.1f}s; "
                    "build it on this CPU instead with --no-shipped")
+    if tracking_uri:
+        run_id = tracking.start_run(tracking_uri, experiment, f"world-{chash}",
+                                    {**run_tags, keys.TAG_WORLD_SHIPPED: entry["content"]}, parent_run_id)
+        tracking.log_params(tracking_uri, run_id, flatten(to_dict(wcfg)))
+        hist = json.loads((out / "data" / "rm_history.json").read_text())
+        rm_keys = {keys.RM_TRAIN_ACC: "train_acc", keys.RM_EVAL_ACC: "eval_acc", keys.RM_TRAIN_LOSS: "train_loss"}
+        points = [(k, hist[v][j], step) for j, step in enumerate(hist["steps"]) for k, v in rm_keys.items()]
+        final = {k: v for k, v in entry["metrics"].items() if k not in (keys.RM_EVAL_ACC, keys.RM_TRAIN_ACC)}
+        tracking.MetricLogger(tracking_uri, run_id).log_points(points + [(k, v, wcfg.rm.steps) for k, v in final.items()])
+        tracking.log_file_artifacts(tracking_uri, run_id, [out / "data" / keys.RM_SCORE_DIFF, out / WORLD_FILE])
+        tracking.end_run(tracking_uri, run_id, "FINISHED")
     return out
 
 
@@ -318,12 +334,12 @@ def build_world(
                              "allowed: an empty folder, a world folder, or a new path")
         for stale in out.parent.glob(f".{out.name}.building-*"):  # left by killed builds (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
+        tags = {keys.TAG_ROLE: "world", keys.TAG_CONFIG_HASH: chash, keys.TAG_SEED: str(wcfg.seed),
+                keys.TAG_COMMIT: tracking.git_commit(), **(tags or {})}
         if entry:
-            return _unpack_into(out, chash, entry, progress)
+            return _unpack_into(out, wcfg, chash, entry, progress, tracking_uri, tags, experiment, parent_run_id)
         run_id = None
         if tracking_uri:
-            tags = {keys.TAG_ROLE: "world", keys.TAG_CONFIG_HASH: chash, keys.TAG_SEED: str(wcfg.seed),
-                    keys.TAG_COMMIT: tracking.git_commit(), **(tags or {})}
             run_id = tracking.start_run(tracking_uri, experiment, f"world-{chash}", tags, parent_run_id)
             tracking.log_params(tracking_uri, run_id, flatten(to_dict(wcfg)))
         tmp = out.parent / f".{out.name}.building-{uuid.uuid4().hex[:8]}"
