@@ -104,7 +104,8 @@ def _load_run(uri: str, run: Any) -> RunData | None:
         return None
     p, t = run.data.params, run.data.tags
     steps = sorted(rows)
-    return RunData(run.info.run_id, t.get(K.TAG_ABLATION, ""), t.get(K.TAG_VARIANT, ""), int(t.get(K.TAG_SEED, 0)),
+    return RunData(run.info.run_id, t.get(K.TAG_ABLATION) or t.get(K.TAG_SWEEP, ""),  # a trial: its sweep file
+                   t.get(K.TAG_VARIANT) or t.get(K.TAG_TRIAL, ""), int(t.get(K.TAG_SEED, 0)),
                    t.get("provenance.world.hash", "?"), t.get(K.TAG_CONFIG_HASH, ""), list(rows.items()),
                    gold_onset(_collapse_cfg(p), [(s, rows[s][K.GOLD_SCORE]) for s in steps]), steps[-1],
                    int(parse_value(p.get("generation.max_new_tokens", "0")) or 0),

@@ -18,6 +18,12 @@ def test_installed_package_lists_and_dry_runs_from_another_directory(tmp_path):
                    check=True, capture_output=True)
     assert (site / "harness" / "ablate.py").is_file()
     assert (site / "harness" / "detector_params.json").is_file()  # the default early-warning detector ships
+    from harness.world import shipped
+
+    installed = site / "harness" / "world" / "shipped"  # and the default world, as its archive and manifest
+    assert shipped.manifest(installed) == shipped.manifest()
+    assert all((installed / e["archive"]).stat().st_size == (shipped.SHIPPED_DIR / e["archive"]).stat().st_size
+               for e in shipped.manifest().values())
     assert [p.name for p in site.iterdir() if (p / "__init__.py").is_file()] == ["harness"]  # no analysis, reports
     env = {**os.environ, "PYTHONPATH": str(site)}  # the installed copy, not the checkout
 
