@@ -214,29 +214,47 @@ def _threshold(runs: list[RunData], model: tuple, window: int, baseline_steps: i
                             fa_target)
 
 
+CV_FOLDS = 5
+"""Folds of the cross-validation when the fit runs come from one file (a design study): its runs split
+by configuration (GroupKFold), a configuration's runs on several worlds or seeds in one fold."""
+
+
+def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]]]:
+    """How the fit runs are split for `select`, and the (train, test) index lists: leave one figure file
+    out when there are several, else CV_FOLDS folds grouped by configuration."""
+    from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
+
+    files = [r.ablation for r in runs]
+    if len(set(files)) > 1:
+        return "leave one figure file out", list(LeaveOneGroupOut().split(runs, groups=files))
+    configs = [r.config_hash or r.run_id for r in runs]
+    k = min(CV_FOLDS, len(set(configs)))
+    return f"{k} folds by configuration", list(GroupKFold(n_splits=k).split(runs, groups=configs))
+
+
 def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], patiences: tuple[int, ...],
            window: int, baseline_steps: int) -> tuple[int, int, list[dict[str, Any]]]:
-    """(lead, patience) by cross-validation over the fit runs' figure files (leave one file out: fit and
-    choose the threshold on the others, warn on it): the longest median lead among the settings whose
-    pooled out-of-file false alarms are within fa_target and recall at least 0.9, else the best recall
-    minus false alarms. Only fit runs are used: the held-out runs stay unseen."""
-    files = sorted({r.ablation for r in runs})
+    """(lead, patience) by cross-validation over the fit runs (`cv_folds`: leave one figure file out, or
+    folds by configuration for one file; fit and choose the threshold on the rest, warn on the fold): the
+    longest median lead among the settings whose pooled out-of-fold false alarms are within fa_target and
+    recall at least 0.9, else the best recall minus false alarms. Only fit runs are used: the held-out
+    runs stay unseen."""
+    how, folds = cv_folds(runs)
     table = []
     for lead in leads:
         for patience in patiences:
             warns: dict[str, int | None] = {}
-            for f in files:
-                train = [r for r in runs if r.ablation != f]
+            for train_i, test_i in folds:
+                train, test = [runs[i] for i in train_i], [runs[i] for i in test_i]
                 if sum(r.fell for r in train) < MIN_EACH or sum(not r.fell for r in train) < MIN_EACH:
                     continue
                 model = _train(train, lead, window, baseline_steps)
                 t = _threshold(train, model, window, baseline_steps, patience, fa_target)
-                test = [r for r in runs if r.ablation == f]
                 warns |= dict(zip((r.run_id for r in test), _warnings(test, model, window, baseline_steps, t, patience)))
             scored = [r for r in runs if r.run_id in warns]
             s = score(scored, [warns[r.run_id] for r in scored])
             table.append({"lead": lead, "patience": patience, "recall": s["recall"], "fa_rate": s["fa_rate"],
-                          "lead_median": s["lead_median"], "runs": s["runs"]})
+                          "lead_median": s["lead_median"], "runs": s["runs"], "folds": how})
     ok = [row for row in table if row["fa_rate"] <= fa_target and row["recall"] >= 0.9 and row["runs"]]
     best = (max(ok, key=lambda row: (np.nan_to_num(row["lead_median"], nan=-1e9), row["recall"])) if ok
             else max(table, key=lambda row: np.nan_to_num(row["recall"] - row["fa_rate"], nan=-1e9)))
@@ -247,7 +265,7 @@ def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, 
         patiences: tuple[int, ...] = PATIENCES, window: int = 10, baseline_steps: int = 5,
         provenance: dict[str, Any] | None = None) -> DetectorParams:
     """The logistic detector fit on `runs`: its label lead and patience chosen by `select` (cross-validation
-    over the runs' figure files), then the model on every run, its threshold the lowest with at most
+    over the runs' figure files, or by configuration), then the model on every run, its threshold the lowest with at most
     `fa_target` false alarms over them."""
     fell = sum(r.fell for r in runs)
     if len(runs) < MIN_FIT_RUNS or fell < MIN_EACH or len(runs) - fell < MIN_EACH:
@@ -261,7 +279,8 @@ def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, 
     params = DetectorParams(features=list(FEATURES), mean=mean.tolist(), scale=scale.tolist(), coef=coef.tolist(),
                             intercept=b, threshold=_threshold(runs, model, window, baseline_steps, patience, fa_target),
                             patience=patience, window=window, baseline_steps=baseline_steps,
-                            provenance={**(provenance or {}), "lead": lead, "selection": table})
+                            provenance={**(provenance or {}), "lead": lead, "selection": table,
+                                        "baselines": {n: baseline_threshold(n, runs, fa_target) for n in BASELINES}})
     return params
 
 
@@ -371,6 +390,12 @@ def line(s: dict[str, Any]) -> str:
             f"{s['held']} held)")
 
 
+def baseline_threshold(name: str, fit_runs: list[RunData], fa_target: float) -> float:
+    """A baseline's threshold fit on the fit runs as the detector's is: the lowest with at most fa_target false alarms."""
+    _, grid, step_of = BASELINES[name]
+    return choose_threshold(lambda t: [step_of(r, t) for r in fit_runs], fit_runs, grid, fa_target)
+
+
 def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_TARGET) -> dict[str, Any]:
     """Per group of runs (fit and each held-out group, and every held-out run pooled): the detector's
     score at its threshold and each baseline's at the threshold fit on the fit runs; the operating
@@ -390,8 +415,10 @@ def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_
     for g in names:
         if g in members:
             out["groups"][g] = score(members[g], [warns[r.run_id] for r in members[g]])
+    stored = (params.provenance or {}).get("baselines") or {}
     for name, (unit, grid, step_of) in BASELINES.items():
-        t = choose_threshold(lambda t: [step_of(r, t) for r in fit_runs], fit_runs, grid, fa_target) if fit_runs else grid[0]
+        # fit on this store's fit runs, else where the detector was (its file keeps them): never on held-out runs
+        t = (baseline_threshold(name, fit_runs, fa_target) if fit_runs else stored.get(name, grid[0]))
         out["baselines"][name] = {"threshold": t, "unit": unit, "held-out (all)": score(held, [step_of(r, t) for r in held]),
                                   **{g: score(members[g], [step_of(r, t) for r in members[g]])
                                      for g in names if g in members and g != "held-out (all)"}}
@@ -512,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", metavar="DIR", default=str(RESULTS), help=f"figures and JSON (default {RESULTS})")
         if name == "fit":
             p.add_argument("--leads", default=",".join(map(str, LEADS)), metavar="LIST", help="steps before the onset "
-                           f"labelled as collapsing, tried by cross-validation over the fit files (default {LEADS})")
+                           f"labelled as collapsing, tried by cross-validation over the fit runs (default {LEADS})")
             p.add_argument("--patiences", default=",".join(map(str, PATIENCES)), metavar="LIST",
                            help=f"warning patiences tried likewise (default {PATIENCES})")
             p.add_argument("--save", metavar="FILE", help="where the fitted detector goes (default: OUT/detector_params.json; "
@@ -566,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             save.parent.mkdir(parents=True, exist_ok=True)
             save.write_text(json.dumps(dataclasses.asdict(params), indent=1) + "\n")
             print(f"fit on {len(fit_runs)} runs ({prov['fit_fell']} whose gold fell): lead {params.provenance['lead']}, "
-                  f"patience {params.patience} (cross-validated over the fit files), threshold {params.threshold:g}; "
+                  f"patience {params.patience} (cross-validated: {params.provenance['selection'][0]['folds']}), threshold {params.threshold:g}; "
                   f"written to {save}")
         ev = evaluate(runs, params, args.fa_target)
         out = Path(args.out)

@@ -180,8 +180,32 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     p = load_params(save)
     assert p.provenance["split"] == {"world": "w0", "files": ["fitfile", "otherfile"], "seeds": [0, 1, 2, 3, 4]}
     assert p.provenance["fit_runs"] == 20 and p.provenance["fit_fell"] == 10
+    # the baselines' thresholds, fit on the same runs, travel with it: a store without its fit runs uses them
+    assert p.provenance["baselines"] == {n: b["threshold"] for n, b in ev["baselines"].items()}
     again = D.main(["evaluate", *argv, "--params", str(save)])
     assert again == 0 and capsys.readouterr().out.strip().splitlines()[-1] == last
+
+
+def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold():
+    from types import SimpleNamespace
+
+    from analysis.detector import CV_FOLDS, cv_folds
+
+    def runs(files: list[str], configs: int, worlds: int = 2) -> list:
+        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}")
+                for f in files for c in range(configs) for w in range(worlds)]
+
+    two = runs(["a", "b"], 3)
+    how, folds = cv_folds(two)
+    assert how == "leave one figure file out" and len(folds) == 2
+    assert [{two[i].ablation for i in test} for _, test in folds] == [{"a"}, {"b"}]
+    one = runs(["study"], 12)  # a design study: one file, each configuration on two worlds
+    how, folds = cv_folds(one)
+    assert how == f"{CV_FOLDS} folds by configuration" and len(folds) == CV_FOLDS
+    tested = [one[i].config_hash for _, test in folds for i in test]
+    assert sorted(tested) == sorted(r.config_hash for r in one)  # every run tested once
+    for train, test in folds:  # a configuration's other world never trains the fold that tests it
+        assert not {one[i].config_hash for i in train} & {one[i].config_hash for i in test}
 
 
 def test_fit_refuses_a_store_without_gold(tmp_path, capsys):
