@@ -17,6 +17,8 @@ study's ask/tell; this module does the rest for both:
 - A task runs in a worker (a fresh process, a Slurm job, or a torchrun job inside one) that
   watches the runner: when the runner dies (kill -9 of it alone), the worker ends its run KILLED
   (resumable) within a second or two and exits, so a rerun never trains the same steps twice.
+  SIGTERM of the runner (`kill PID`, a scheduler's stop) is a Ctrl-C: it asks its workers to stop
+  (`Runner.stop_file`), waits for their runs to end KILLED, closes the parent KILLED, exits 130.
 - One line per finished task, with elapsed time and ETA when not on a terminal (`Progress`).
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -62,12 +65,19 @@ class Runner:
     pid: int
     started: float
     host: str
+    stop_file: str = ""
+    """Created by the runner when it is interrupted (Ctrl-C, SIGTERM): its tasks stop as if it were gone,
+    though it is still alive, waiting for them to end KILLED before it closes the parent run."""
 
     @classmethod
-    def this(cls) -> "Runner":
+    def this(cls, stop_file: str | Path = "") -> "Runner":
         import psutil
 
-        return cls(os.getpid(), psutil.Process().create_time(), socket.gethostname())
+        return cls(os.getpid(), psutil.Process().create_time(), socket.gethostname(), str(stop_file))
+
+    def stopping(self) -> bool:
+        """True once the runner asked its tasks to stop (its stop file exists)."""
+        return bool(self.stop_file) and os.path.exists(self.stop_file)
 
     def alive(self) -> bool:
         """False once the runner is gone; True when it cannot be seen from here (another machine:
@@ -151,7 +161,8 @@ def fmt_duration(s: float) -> str:
 
 # ------------------------------------------------------------------ a task in its worker
 class Watchdog:
-    """In a worker: looks at the runner every WATCH_S. Once it is gone, `gone` is set (the training
+    """In a worker: looks at the runner every WATCH_S. Once it is gone or asks its tasks to stop
+    (`Runner.stopping`: interrupted by a SIGTERM that reached it alone), `gone` is set (the training
     callback then stops the run: KILLED, resumable) and, should the run not end within GRACE_S (a
     world build, a step that takes minutes), the worker exits; its run, left RUNNING, is marked
     KILLED by the next runner. It keeps watching after its task ended: a pool process whose runner died
@@ -165,7 +176,7 @@ class Watchdog:
             threading.Thread(target=self._watch, args=(runner,), name="runner-watchdog", daemon=True).start()
 
     def _watch(self, runner: Runner) -> None:
-        while runner.alive():
+        while runner.alive() and not runner.stopping():
             time.sleep(WATCH_S)
         self.gone.set()
         self.done.wait(GRACE_S)  # the run ends KILLED at its next step (or was over): nobody waits for this process
@@ -402,6 +413,7 @@ class Study:
     # -- the lock
     def __enter__(self) -> "Study":
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._terminate_as_interrupt()
         if self.exclusive:
             try:
                 self._stack.enter_context(filelock.FileLock(self.lock_path).acquire(timeout=0))
@@ -433,6 +445,18 @@ class Study:
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
+
+    def _terminate_as_interrupt(self) -> None:
+        """SIGTERM (`kill PID`, a scheduler's stop) ends the runner as Ctrl-C does: runs in flight end
+        KILLED, the parent run too, nothing left RUNNING (only SIGKILL leaves that to the next runner)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        self._stack.callback(signal.signal, signal.SIGTERM, previous)
 
     def creation_lock(self) -> filelock.FileLock:
         """Serializes find-or-create of shared things (the parent run) between runners started at once."""
@@ -484,7 +508,8 @@ class Study:
         """Run the source's tasks, `workers` at a time (0: one at a time in this process); returns
         (outcomes by task key, interrupted). A Ctrl-C ends the runs in flight KILLED (resumable)."""
         outcomes: dict[str, Outcome] = {}
-        runner, interrupted = Runner.this(), False
+        stop = self.lock_path.with_name(self.lock_path.name.replace("study", f"stop-{os.getpid()}", 1))
+        runner, interrupted = Runner.this(stop), False
         ex = make_executor(executor, workers, self.runs_dir / self.experiment / "submitit", **(cluster or {}))
         futures: dict[Future, Task] = {}
 
@@ -527,8 +552,10 @@ class Study:
             interrupted = True
             if progress is not None:
                 progress.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
+            stop.touch()  # the workers stop their runs (a Ctrl-C reached them too; a SIGTERM only us)
             ex.shutdown(cancel=True)
         finally:
+            stop.unlink(missing_ok=True)
             if progress is not None:
                 progress.close()
         return outcomes, interrupted

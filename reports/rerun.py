@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                 ablate.ensure_worlds(reg, uri, a.workers, missing_default=True)
                 worlds = ["--worlds", ",".join(map(str, reg.reference_worlds))] if reg.reference_worlds else []
             rc = ablate.main([str(f), *common, *worlds, "--runs-dir", str(store / "runs"), "--no-progress"])
+        if rc == 130:  # Ctrl-C or SIGTERM: its runs ended KILLED; the files after it wait for the rerun
+            print(f"\ninterrupted in {f.stem}; rerun the same command to resume", flush=True)
+            return 130
         if rc:
             failed.append(f"{f.stem} (exit {rc})")
     print(f"\nruns done in {fmt_duration(time.time() - t0)}"

@@ -168,6 +168,26 @@ def test_kill_9_of_the_runner_alone_ends_its_workers_and_the_rerun_resumes_each_
     assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
 
 
+def test_sigterm_of_the_runner_ends_it_as_ctrl_c_does_with_nothing_left_running(tmp_path, tiny_world):
+    """`kill PID` (SIGTERM: a scheduler's stop, a runner started in the background, where Ctrl-C is
+    ignored): the runs in flight and the parent end KILLED, the workers exit, the exit code is 130."""
+    path, log = tiny_grid(tmp_path, tiny_world, "term_grid"), tmp_path / "runner.log"
+    uri = store_uri(tmp_path)
+    with started("harness.ablate", grid_argv(tmp_path, path, "--workers", "2", *LONG), REPO, log) as proc:
+        wait_for(lambda: len([r for r in runs_in(uri, "term_grid") if last_step(uri, r.info.run_id) >= 2]) == 2,
+                 proc, "two runs past step 2", log)
+        os.kill(proc.pid, signal.SIGTERM)  # the runner alone
+        assert proc.wait(timeout=60) == 130, log.read_text()[-3000:]
+        deadline = time.monotonic() + 30
+        while (left := alive_in(proc.pid, tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"still alive after the runner ended: {left}"
+    assert {r.info.status for r in runs_in(uri, "term_grid")} == {"KILLED"}
+    (parent,) = runs_in(uri, "term_grid", "parent")
+    assert parent.info.status == "KILLED"
+    assert "rerun the same command to resume" in log.read_text()
+
+
 # ---------------------------------------------------------------------------- 2. two sweeps at once
 def draws(sampler: optuna.samplers.BaseSampler, n: int, studies: int = 1) -> list[dict]:
     """Params of trials 0..n-1 of one in-memory study, asked in turn by `studies` runners (each its own
