@@ -260,6 +260,15 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     return points
 
 
+def _swap_in(tmp: Path, out: Path) -> None:
+    """A complete world folder `tmp` becomes `out`, replacing an older world there."""
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _unpack_into(out: Path, wcfg: WorldConfig, chash: str, entry: dict[str, Any], progress: bool,
                  tracking_uri: str | None, run_tags: dict[str, str], experiment: str,
                  parent_run_id: str | None) -> Path:
@@ -271,11 +280,7 @@ def _unpack_into(out: Path, wcfg: WorldConfig, chash: str, entry: dict[str, Any]
     t0 = time.perf_counter()
     try:
         shipped_worlds.unpack(chash, tmp)
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        if out.exists():
-            os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_in(tmp, out)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, shipped_worlds.ShippedWorldError):
@@ -320,7 +325,7 @@ def build_world(
     entry = shipped_worlds.shipped(chash) if shipped else None
     if not force and built_hash(out) == chash:
         if entry and shipped_worlds.content_hash(out) != entry["content"]:
-            _log(progress, f"note: {out} holds a world of config {chash} built here, not the shipped one (content "
+            _log(progress, f"note: {out} holds a world of config {chash} built on a CPU, not the shipped one (content "
                            f"{shipped_worlds.content_hash(out)}, shipped {entry['content']}); runs on it compare with "
                            f"the reference only within the world-to-world spread. The shipped one: "
                            f"python -m harness.world build --out {out} --force")
@@ -353,11 +358,7 @@ def build_world(
             torch.set_num_threads(1)
             hf_logging.disable_progress_bar()
             points = _build_into(tmp, wcfg, chash, run_id, progress)
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            if out.exists():  # replace an older world
-                os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
+            _swap_in(tmp, out)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             killed = isinstance(e, KeyboardInterrupt)
