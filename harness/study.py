@@ -413,7 +413,6 @@ class Study:
     # -- the lock
     def __enter__(self) -> "Study":
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        self._terminate_as_interrupt()
         if self.exclusive:
             try:
                 self._stack.enter_context(filelock.FileLock(self.lock_path).acquire(timeout=0))
@@ -423,6 +422,7 @@ class Study:
                                 "it, then rerun") from None
             self.alone = True
             self.recovered = self.recover(self) if self.recover else None
+            self._terminate_as_interrupt()
             return self
         # A shared lock. The recovery runs while we hold it exclusively: a runner started meanwhile
         # waits for its shared hold until the recovery is done, and is not alone. (Checked first and
@@ -441,6 +441,7 @@ class Study:
                 finally:
                     self.alone = False
         self._stack.enter_context(rw.read_lock())
+        self._terminate_as_interrupt()
         return self
 
     def __exit__(self, *exc: Any) -> None:
