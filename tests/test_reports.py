@@ -292,7 +292,7 @@ def test_the_reference_readme_rewritten_from_its_summary_keeps_the_paper_order(t
     heads = [line.rsplit("(`", 1)[1].rstrip("`)") for line in readme.splitlines() if line.startswith("### ") and "(`" in line]
     assert heads[:4] == ["rm_scores", "rm_accuracy", "vanilla", "score_reparam"]  # Figs. 2, 3, 4, 6: not by name
     per_variant = [line for line in readme.split("(`score_reparam`)")[1].splitlines() if line.startswith("Per variant")][0]
-    assert per_variant.split(": ", 1)[1].startswith("vanilla PPO: 5")  # the file's first variant, not the first by name
+    assert per_variant.split(": ", 1)[1].startswith("vanilla PPO: ")  # the file's first variant, not the first by name
     assert readme == (REPO_ROOT / "reports" / "README.md").read_text()  # as the committed one, written with the orders kept
 
 
