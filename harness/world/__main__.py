@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "pack":
             w = load_world(args.dir)
-            entry = shipped.pack(w.dir)
+            from harness.provenance import cpu
+
+            entry = shipped.pack(w.dir, cpu=cpu())
             print(json.dumps({"config_hash": w.config_hash, **entry}, indent=1))
             print(f"packed into {shipped.SHIPPED_DIR / entry['archive']} "
                   f"({(shipped.SHIPPED_DIR / entry['archive']).stat().st_size / 1e6:.1f} MB); commit it and "

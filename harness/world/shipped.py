@@ -99,16 +99,15 @@ def unpack(config_hash: str, dest: Path, shipped_dir: Path | None = None) -> dic
     return entry
 
 
-def pack(world_dir: str | Path, shipped_dir: Path | None = None) -> dict[str, Any]:
+def pack(world_dir: str | Path, shipped_dir: Path | None = None, cpu: dict[str, str] | None = None) -> dict[str, Any]:
     """A built world folder -> shipped_dir/<config hash>.tar.xz (reproducible: sorted, no times or
-    owners) and its manifest entry, which is returned. Replaces an earlier archive of the same config."""
+    owners) and its manifest entry, which is returned. Replaces an earlier archive of the same config.
+    `cpu`: the machine's (harness.provenance.cpu), for a build that did not record its own."""
     shipped_dir = shipped_dir or SHIPPED_DIR
     d = Path(world_dir)
     info = json.loads((d / "world.json").read_text())
     chash = info["config_hash"]
     build_info = json.loads((d / "build_info.json").read_text()) if (d / "build_info.json").is_file() else {}
-    from harness import provenance
-
     shipped_dir.mkdir(parents=True, exist_ok=True)
     archive = shipped_dir / f"{chash}.tar.xz"
     buf = io.BytesIO()
@@ -121,7 +120,7 @@ def pack(world_dir: str | Path, shipped_dir: Path | None = None) -> dict[str, An
     tmp = archive.with_suffix(".tmp")
     tmp.write_bytes(lzma.compress(buf.getvalue(), preset=9 | lzma.PRESET_EXTREME))
     os.replace(tmp, archive)
-    cpu = build_info.get("cpu") or provenance.cpu()  # older builds did not record theirs: the packing machine's
+    cpu = build_info.get("cpu") or cpu or {}  # older builds did not record theirs: the packing machine's
     entry = {"archive": archive.name, "sha256": _sha256(archive), "content": content_hash(d),
              "built_on": {"cpu.model": cpu.get("model", "unknown"), "cpu.flags": cpu.get("flags", "unknown"),
                           "cpu.recorded_by": "the build" if build_info.get("cpu") else "the packing machine",
