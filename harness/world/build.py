@@ -211,8 +211,7 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     enc_eval = encode_pairs(tok, eval_pairs)
     hist = train_reward_model(rm, encode_pairs(tok, train_pairs), enc_eval, cfg.rm,
                               seed=stage_seed(cfg.seed, "rm_train"), pad_id=tok.pad_token_id, progress=progress)
-    rm_keys = {keys.RM_TRAIN_ACC: "train_acc", keys.RM_EVAL_ACC: "eval_acc", keys.RM_TRAIN_LOSS: "train_loss"}
-    points += [(k, hist[v][j], step) for j, step in enumerate(hist["steps"]) for k, v in rm_keys.items()]
+    points += rm_points(hist)
     rm.save_pretrained(tmp / "reward")
     lap("reward_model")
 
@@ -260,6 +259,12 @@ def _build_into(tmp: Path, cfg: WorldConfig, chash: str, run_id: str | None,
     return points
 
 
+def rm_points(hist: dict[str, list[float]]) -> list[tuple[str, float, int]]:
+    """The RM's training curves (data/rm_history.json) as (metric key, value, RM step) points."""
+    rm_keys = {keys.RM_TRAIN_ACC: "train_acc", keys.RM_EVAL_ACC: "eval_acc", keys.RM_TRAIN_LOSS: "train_loss"}
+    return [(k, hist[v][j], step) for j, step in enumerate(hist["steps"]) for k, v in rm_keys.items()]
+
+
 def _swap_in(tmp: Path, out: Path) -> None:
     """A complete world folder `tmp` becomes `out`, replacing an older world there."""
     old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
@@ -293,9 +298,7 @@ def _unpack_into(out: Path, wcfg: WorldConfig, chash: str, entry: dict[str, Any]
         run_id = tracking.start_run(tracking_uri, experiment, f"world-{chash}",
                                     {**run_tags, keys.TAG_WORLD_SHIPPED: entry["content"]}, parent_run_id)
         tracking.log_params(tracking_uri, run_id, flatten(to_dict(wcfg)))
-        hist = json.loads((out / "data" / "rm_history.json").read_text())
-        rm_keys = {keys.RM_TRAIN_ACC: "train_acc", keys.RM_EVAL_ACC: "eval_acc", keys.RM_TRAIN_LOSS: "train_loss"}
-        points = [(k, hist[v][j], step) for j, step in enumerate(hist["steps"]) for k, v in rm_keys.items()]
+        points = rm_points(json.loads((out / "data" / "rm_history.json").read_text()))
         final = {k: v for k, v in entry["metrics"].items() if k not in (keys.RM_EVAL_ACC, keys.RM_TRAIN_ACC)}
         tracking.MetricLogger(tracking_uri, run_id).log_points(points + [(k, v, wcfg.rm.steps) for k, v in final.items()])
         tracking.log_file_artifacts(tracking_uri, run_id, [out / "data" / keys.RM_SCORE_DIFF, out / WORLD_FILE])
@@ -324,9 +327,9 @@ def build_world(
     chash = world_config_hash(wcfg)
     entry = shipped_worlds.shipped(chash) if shipped else None
     if not force and built_hash(out) == chash:
-        if entry and shipped_worlds.content_hash(out) != entry["content"]:
+        if entry and (content := shipped_worlds.content_hash(out)) != entry["content"]:
             _log(progress, f"note: {out} holds a world of config {chash} built on a CPU, not the shipped one (content "
-                           f"{shipped_worlds.content_hash(out)}, shipped {entry['content']}); runs on it compare with "
+                           f"{content}, shipped {entry['content']}); runs on it compare with "
                            f"the reference only within the world-to-world spread. The shipped one: "
                            f"python -m harness.world build --out {out} --force")
         return out

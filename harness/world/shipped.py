@@ -68,11 +68,8 @@ def shipped(config_hash: str, shipped_dir: Path | None = None) -> dict[str, Any]
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def unpack(config_hash: str, dest: Path, shipped_dir: Path | None = None) -> dict[str, Any]:
