@@ -1,6 +1,7 @@
 """Rerun the reference results from scratch: the embedded world, every figure file and sweep under
-ablations/ at its own seeds and on its `reference_worlds`, all into one MLflow store, then the
-committed reports rebuilt from that store (`python -m reports.build --reference`).
+ablations/ (in the paper's order, the sweeps last) at its own seeds and on its `reference_worlds`,
+all into one MLflow store, then the committed reports rebuilt from that store
+(`python -m reports.build --reference`).
 
     python -m reports.rerun                          # ~3.5 hours on 2 cores (the design study 1.4); store in reference-runs/
     python -m reports.rerun --only score_reparam     # some files only: runs, no reports (they need all)
@@ -21,10 +22,23 @@ from pathlib import Path
 
 from harness import ablate, sweep, tracking
 from harness.registry import load_registry, registry_files
-from harness.schema import ConfigError
+from harness.schema import ConfigError, read_yaml
 from harness.study import fmt_duration
 
 STORE = "reference-runs"
+
+
+def paper_order(files: list[Path], sweeps: set[Path]) -> list[Path]:
+    """The files in the paper's order (each file's `order`, as the combined report), files without
+    one after them by name, the sweeps last: a stopped rerun has then done the paper's figures first."""
+    def key(f: Path) -> tuple[bool, bool, int, str]:
+        try:
+            order = read_yaml(f).get("order")
+        except ConfigError:  # an invalid file runs last; ablate.main says what is wrong with it
+            order = None
+        return f in sweeps, not isinstance(order, int), order if isinstance(order, int) else 0, f.stem
+
+    return sorted(files, key=key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(f.stem for f in files)}", file=sys.stderr)
             return 2
         files = [f for f in files if f.stem in a.only]
+    files = paper_order(files, sweeps)
     store = Path(a.store).resolve()
     store.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{store / 'mlflow.db'}"

@@ -341,3 +341,16 @@ def test_reference_rerun_runs_every_file_resumes_and_builds_the_reference(tmp_pa
     (out / "README.md").unlink()
     assert rerun.main([*argv, "--only", "tiny_ref"]) == 0  # some files only: the reference is not rebuilt from them
     assert not (out / "README.md").exists() and "reports not rebuilt (--only)" in capsys.readouterr().out
+
+
+def test_reference_rerun_runs_the_files_in_the_papers_order_and_the_sweeps_last():
+    from harness.registry import registry_files
+    from reports import rerun
+
+    files = registry_files(sweeps=True)
+    sweeps = set(files) - set(registry_files())
+    names = [f.stem for f in rerun.paper_order(files, sweeps)]
+    figures = [n for n in names if n not in {s.stem for s in sweeps}]
+    assert names[len(figures):] == sorted(s.stem for s in sweeps)  # the sweeps (hours) last
+    assert figures[:4] == ["rm_scores", "rm_accuracy", "vanilla", "score_reparam"]  # Figs. 2, 3, 4, 6
+    assert figures.index("kl_eta") < figures.index("entropy") < figures.index("apa") < figures.index("study_tricks_best")
