@@ -123,6 +123,10 @@ def _print_exception(head: str, tp: type[BaseException], value: BaseException | 
 
 
 def _excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    if isinstance(value, StoreError):  # its message says what is wrong and what to do; no traceback
+        sys.stderr.write(f"error: {redact(str(value))}\n")
+        sys.stderr.flush()
+        return
     _print_exception("", tp, value, tb)
 
 
@@ -163,22 +167,45 @@ def redact_output() -> None:
         threading.excepthook = _thread_excepthook
 
 
+class StoreError(RuntimeError):
+    """The store of a tracking URI cannot be opened (a database driver missing, a server that does
+    not answer, a folder that cannot be written). Uncaught, it prints as one line `error: ...`
+    (`redact_output`'s hook), not as a traceback through MLflow and SQLAlchemy."""
+
+
+def store_error(tracking_uri: str, e: Exception) -> StoreError:
+    """What a researcher needs from a failed first contact: which store (password masked), why, and
+    what to do about it."""
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        hint = f"MLflow needs the database driver `{e.name}` for this URI: pip install {e.name}"
+    else:
+        hint = "check the URI (--tracking-uri, else $MLFLOW_TRACKING_URI) and that its server or folder is there"
+    return StoreError(redact(f"the MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {e}); {hint}"))
+
+
 def client(tracking_uri: str) -> MlflowClient:
-    """A client of the store. A sqlite store is created/migrated under a file lock, once per process:
-    two processes opening a brand-new sqlite store at once race in MLflow's migration; one dies.
+    """A client of the store, checked by one request the first time a process opens it (a failure is
+    a `StoreError`). A sqlite store is created/migrated under a file lock, once per process: two
+    processes opening a brand-new sqlite store at once race in MLflow's migration; one dies.
     The process's output is redacted from here on (`redact_output`): MLflow prints the store's URI."""
     redact_output()
-    db = sqlite_path(tracking_uri)
-    if db is not None and tracking_uri not in _READY:
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(db) + ".lock"):
-            MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
-            # a write-ahead log: a commit appends to one file and syncs it once (the rollback journal's
-            # several syncs made each step's log_batch ~2x slower), and readers (a grid's progress
-            # display) never block a run's writes. The mode is kept in the file; a store busy right
-            # now keeps its mode, which only costs speed.
-            with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(db)) as con:
-                con.execute("PRAGMA journal_mode=WAL")
+    if tracking_uri not in _READY:
+        db = sqlite_path(tracking_uri)
+        try:
+            if db is None:
+                MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+            else:
+                db.parent.mkdir(parents=True, exist_ok=True)
+                with FileLock(str(db) + ".lock"):
+                    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+                    # a write-ahead log: a commit appends to one file and syncs it once (the rollback
+                    # journal's several syncs made each step's log_batch ~2x slower), and readers (a
+                    # grid's progress display) never block a run's writes. The mode is kept in the
+                    # file; a store busy right now keeps its mode, which only costs speed.
+                    with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(db)) as con:
+                        con.execute("PRAGMA journal_mode=WAL")
+        except Exception as e:  # noqa: BLE001 - any failure of the first contact is the store's
+            raise store_error(tracking_uri, e) from e
         _READY.add(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 

@@ -92,6 +92,18 @@ raise RuntimeError(url)
     assert "Exception in thread worker" in out and "RuntimeError: http://user:***@" in p.stderr
 
 
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it_masked_and_the_fix_not_a_traceback():
+    """A database store whose driver is not installed (or, where it is, whose server does not
+    answer): the reader ends with `error: the MLflow store ... cannot be opened (...)`, exit 1."""
+    dead = f"postgresql://user:{SECRET}@127.0.0.1:1/db"
+    p = subprocess.run([sys.executable, "-m", "analysis.claims", "vanilla", "--tracking-uri", dead], env=ENV,
+                       text=True, capture_output=True, timeout=120, cwd=REPO)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and SECRET not in out, out
+    assert "Traceback" not in out, out
+    assert f"error: the MLflow store postgresql://{MASKED}:1/db cannot be opened (" in p.stderr, out
+
+
 @pytest.mark.slow
 def test_no_cli_prints_the_password_of_an_unreachable_store(tmp_path, tiny_world):
     dead = f"http://user:{SECRET}@127.0.0.1:9/"
