@@ -317,6 +317,14 @@ def test_ablation_without_runs_is_skipped_not_drawn(env, tmp_path, capsys):
     assert rc == 1 and "no runs" in capsys.readouterr().out and not (tmp_path / "policy_constraints").exists()
 
 
+def test_a_reader_given_a_missing_sqlite_store_says_it_holds_no_runs_and_creates_nothing(env, tmp_path, capsys):
+    missing = tmp_path / "typo" / "mlflow.db"
+    rc = figures_main(["kl_eta", "--tracking-uri", f"sqlite:///{missing}", "--ablations-dir", str(env["registry"]),
+                       "--out", str(tmp_path / "out")])
+    assert rc == 1 and "no runs" in capsys.readouterr().out
+    assert not (tmp_path / "typo").exists()  # neither the database nor its folder
+
+
 # --------------------------------------------------------------------------------------------
 # Store
 # --------------------------------------------------------------------------------------------
