@@ -110,8 +110,11 @@ def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _sampled(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """MC_SAMPLES seeded random masks choosing k of n."""
-    return rng.permuted(np.tile(np.arange(n) < k, (MC_SAMPLES, 1)), axis=1)
+    """MC_SAMPLES seeded random masks choosing k of n, after the observed one (the first k: a's own
+    members of a ++ b): a Monte-Carlo p-value is then (b + 1) / (m + 1), never 0 (Phipson & Smyth
+    2010, "Permutation p-values should never be zero"), and the test keeps its level."""
+    observed = np.arange(n) < k
+    return np.vstack([observed, rng.permuted(np.tile(observed, (MC_SAMPLES, 1)), axis=1)])
 
 
 def _strata_labelings(sizes: list[tuple[int, int]], rng: np.random.Generator) -> list[np.ndarray]:

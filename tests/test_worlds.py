@@ -335,3 +335,15 @@ def test_report_shows_the_worlds_beside_the_pooled_test(env, tmp_path):
     assert "reproduced on 2 of 3 worlds (not reproduced on 1); pooled test: inconclusive" in text
     assert "stratified by world" in text and "Runs on several worlds" in text
     assert "(+2 world-dependent)" in text  # the contents' claim counts
+
+
+def test_a_monte_carlo_p_value_counts_the_observed_labelling_and_is_never_zero():
+    """3 worlds of 5 vs 5 have 252^3 joint relabellings: sampled. With every a above every b in each
+    world no sampled relabelling reaches the observed difference, and p is 1 / (m + 1), not 0."""
+    from analysis.stats import EXACT_LIMIT, MC_SAMPLES
+
+    assert 252 ** 3 > EXACT_LIMIT
+    a = [np.arange(5.0) + 100 for _ in range(3)]
+    b = [np.arange(5.0) for _ in range(3)]
+    c = compare_strata(a, b)
+    assert c.p_value == pytest.approx(1 / (MC_SAMPLES + 1)) and c.verdict == REPRODUCED
