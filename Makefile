@@ -21,7 +21,7 @@ help:
 	@echo "make run    - main job on the embedded world (world -> $(ABLATION) -> figures -> report PDF)"
 	@echo "make test   - the test suite"
 	@echo "make bench  - speed benchmarks (installs the optional bench group)"
-	@echo "make reference - rerun every figure file and sweep into reference-runs/ and rebuild reports/ (~5.5 h)"
+	@echo "make reference - rerun every figure file and sweep into reference-runs/ and rebuild reports/ (~10 h)"
 	@echo "make lock   - re-resolve dependencies into requirements.lock"
 
 # Installs the exact versions in requirements.lock (the world build and the runs depend on them),

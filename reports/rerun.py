@@ -3,7 +3,7 @@ ablations/ (in the paper's order, the sweeps last) at its own seeds and on its `
 all into one MLflow store, then the committed reports rebuilt from that store
 (`python -m reports.build --reference`).
 
-    python -m reports.rerun                          # ~3.5 hours on 2 cores (the design study 1.4); store in reference-runs/
+    python -m reports.rerun                          # ~10 hours on 2 cores (the design study 1.4); store in reference-runs/
     python -m reports.rerun --only score_reparam     # some files only: runs, no reports (they need all)
     python -m reports.rerun --no-build               # runs only; build later with reports.build
 
