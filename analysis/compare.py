@@ -42,7 +42,8 @@ from scipy.stats import t as student_t
 from analysis.claims import check_claims, on_worlds
 from analysis.stats import ALPHA
 from analysis.store import (
-    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, distinct_values, load_ablation, world_name,
+    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, distinct_values, load_ablation, store_missing,
+    world_name,
 )
 from harness import keys as K
 from harness import tracking
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", default=str(REFERENCE), help=f"reference summary (default {REFERENCE})")
     args = ap.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if store_missing(uri):
         print(f"error: --tracking-uri {uri}: no such MLflow store (run `make run` first, or name the store)",
               file=sys.stderr)
         return 2

@@ -63,12 +63,17 @@ def default_tracking_uri() -> str:
     return tracking.resolve_uri()
 
 
+def store_missing(tracking_uri: str) -> bool:
+    """A sqlite store whose file is not there (a mistyped path): readers report it, never create it."""
+    db = tracking.sqlite_path(tracking_uri)
+    return db is not None and not db.is_file()
+
+
 def _search(tracking_uri: str, experiment: str, filter_string: str = "") -> list:
     """Every run of the experiment matching the filter ([] when the experiment does not exist, or the
     sqlite file is not there: a reader never creates a store, so a mistyped path leaves no empty
     database or folder behind and says "holds no runs")."""
-    db = tracking.sqlite_path(tracking_uri)
-    if db is not None and not db.is_file():
+    if store_missing(tracking_uri):
         return []
     c = tracking.client(tracking_uri)
     exp = c.get_experiment_by_name(experiment)

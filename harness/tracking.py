@@ -192,12 +192,11 @@ def client(tracking_uri: str) -> MlflowClient:
     if tracking_uri not in _READY:
         db = sqlite_path(tracking_uri)
         try:
-            if db is None:
-                MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
-            else:
+            if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
-                with FileLock(str(db) + ".lock"):
-                    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+            with FileLock(str(db) + ".lock") if db is not None else contextlib.nullcontext():
+                MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+                if db is not None:
                     # a write-ahead log: a commit appends to one file and syncs it once (the rollback
                     # journal's several syncs made each step's log_batch ~2x slower), and readers (a
                     # grid's progress display) never block a run's writes. The mode is kept in the
