@@ -661,6 +661,13 @@ def world_dirs(fs: Any, where: str, problems: list[str]) -> dict[int, tuple[Any,
     return out
 
 
+def paper_key(order: Any, name: str) -> tuple[bool, int, str]:
+    """Sort key of the paper's order, for the combined report and reports.rerun alike: files with an
+    integer `order` by it, the others after them by name."""
+    known = isinstance(order, int)
+    return not known, order if known else 0, name
+
+
 def registry_files(ablations_dir: str | Path | None = None, sweeps: bool = False) -> list[Path]:
     """Every registry YAML directly under ablations/ (bases/ are not registries; sweep files
     only with sweeps=True)."""

@@ -41,7 +41,7 @@ from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER
 from analysis.store import STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation
 from harness import keys as K
 from harness import provenance, tracking
-from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names
+from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names, paper_key
 from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
 from harness.tracking import redact
 from reports.reference import GENERATED, write_reference
@@ -492,7 +492,7 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
         except Exception as e:  # keep the other ablations' reports
             errors[str(name)] = f"{type(e).__name__}: {e}"
             print(f"error: {name}: {errors[str(name)]}", file=sys.stderr)
-    sections.sort(key=lambda s: (s.spec.order is None, s.spec.order or 0, s.spec.name))  # the paper's order
+    sections.sort(key=lambda s: paper_key(s.spec.order, s.spec.name))
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from harness import ablate, sweep, tracking
-from harness.registry import load_registry, registry_files
+from harness.registry import load_registry, paper_key, registry_files
 from harness.schema import ConfigError, read_yaml
 from harness.study import fmt_duration
 
@@ -36,7 +36,7 @@ def paper_order(files: list[Path], sweeps: set[Path]) -> list[Path]:
             order = read_yaml(f).get("order")
         except ConfigError:  # an invalid file runs last; ablate.main says what is wrong with it
             order = None
-        return f in sweeps, not isinstance(order, int), order if isinstance(order, int) else 0, f.stem
+        return (f in sweeps, *paper_key(order, f.stem))
 
     return sorted(files, key=key)
 
