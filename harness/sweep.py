@@ -577,15 +577,6 @@ def default_storage_url(tracking_uri: str) -> str:
     return f"sqlite:///{(db.parent if db else Path()) / 'optuna.db'}"
 
 
-def _creation_lock(storage_url: str) -> Any:
-    """Serializes creating a sqlite store and study (sweeps started at once race in the schema creation)."""
-    db = tracking.sqlite_path(storage_url)
-    if db is None:
-        return contextlib.nullcontext()
-    db.parent.mkdir(parents=True, exist_ok=True)
-    return filelock.FileLock(f"{db}.lock", is_singleton=True)  # reentrant
-
-
 def make_storage(url: str) -> Any:
     """RDBStorage. On sqlite every transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins
     only at the first write, so two runners could both read a queued trial as WAITING and both run it."""
@@ -662,7 +653,7 @@ def make_pruner(spec: SweepSpec) -> Any:
 def open_study(spec: SweepSpec, storage_url: str) -> Any:
     """Create the study (named after the sweep) or load it to continue."""
     quiet = warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning)
-    with _creation_lock(storage_url), quiet:  # multivariate TPE is experimental in Optuna
+    with tracking.sqlite_lock(storage_url), quiet:  # multivariate TPE is experimental in Optuna
         study = optuna.create_study(storage=make_storage(storage_url), study_name=spec.name, direction=spec.direction,
                                     sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True)
     stored = study.direction.name.lower()

@@ -183,6 +183,17 @@ def store_error(tracking_uri: str, e: Exception) -> StoreError:
     return StoreError(redact(f"the MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {e}); {hint}"))
 
 
+def sqlite_lock(uri: str) -> Any:
+    """The lock that serializes creating a sqlite store (MLflow's or Optuna's: two processes creating
+    one at once race in its schema migration; one dies), its folder made; a null context for any
+    other store. Reentrant in a process (one lock object per file)."""
+    db = sqlite_path(uri)
+    if db is None:
+        return contextlib.nullcontext()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(f"{db}.lock", is_singleton=True)
+
+
 def client(tracking_uri: str) -> MlflowClient:
     """A client of the store, checked by one request the first time a process opens it (a failure is
     a `StoreError`). A sqlite store is created/migrated under a file lock, once per process: two
@@ -192,9 +203,7 @@ def client(tracking_uri: str) -> MlflowClient:
     if tracking_uri not in _READY:
         db = sqlite_path(tracking_uri)
         try:
-            if db is not None:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(db) + ".lock") if db is not None else contextlib.nullcontext():
+            with sqlite_lock(tracking_uri):
                 MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
                 if db is not None:
                     # a write-ahead log: a commit appends to one file and syncs it once (the rollback
