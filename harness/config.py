@@ -77,6 +77,8 @@ class ModelConfig:
     """Critic start (trick 8): `reward` = reward-model trunk and head applied per token (PPO-max); `sft` = SFT trunk with a fresh random head; `random` = SFT architecture with random weights."""
     autocast: Literal["none", "bf16"] = "none"
     """Mixed precision for forward passes: `bf16` autocast (CPUs with avx512_bf16, GPUs); losses and optimizer state stay fp32."""
+    audit_reward_paths: Literal["auto", "none"] | list[PathStr] = "auto"
+    """Audit reward models scored on every training sample as a second opinion on the reward (never trained on; logged as audit/*, read by the early warning): a list of reward-model paths (HF names or local dirs, one scalar label, the policy's vocabulary), `none`, or `auto` = the embedded world's own audit RMs where built (`python -m harness.world build` makes 3 beside the world, each on fresh preference pairs the reward model never saw; harness.world.audit), else none."""
 
 
 @section

@@ -63,6 +63,17 @@ TIME_ADVANTAGE = "perf/time_advantage_s"
 TIME_UPDATE = "perf/time_update_s"
 TIME_LOGGING = "perf/time_logging_s"  # logging time of the previous step (this step's is not known yet)
 
+# -- signals that need no gold and may move before it falls (harness.signals) ------------------
+DISTINCT_1 = "signal/distinct_1"  # unique tokens / tokens over the batch's responses
+DISTINCT_2 = "signal/distinct_2"  # unique 2-grams / 2-grams over the batch's responses
+REPEATED_2GRAM = "signal/repeated_2gram"  # share of a response's 2-grams seen earlier in it, batch mean
+GROUP_SIMILARITY = "signal/group_similarity"  # mean pairwise Jaccard of one prompt's samples' 2-grams (samples_per_prompt > 1)
+AUDIT_MEAN = "audit/score_mean"  # audit reward models' mean score (model.audit_reward_paths; only where there are some)
+AUDIT_STD = "audit/score_std"  # spread over the batch of the members' mean score
+AUDIT_GAP = "audit/gap"  # proxy RM score minus audit score, batch means
+AUDIT_DISAGREEMENT = "audit/disagreement"  # std over the audit members of a sample's score, batch mean
+AUDIT_MEMBER = "audit/score_{k}"  # each member's batch mean (.format(k=0))
+
 EVAL_GOLD = "eval/gold_score"
 EVAL_RM = "eval/rm_score"
 EVAL_WIN_RATE = "eval/win_rate_vs_sft"  # gold(policy) > gold(SFT) on the same prompt; ties count half
@@ -93,14 +104,16 @@ STEP_METRICS = [
     POLICY_CLIPFRAC, RATIO_MEAN, RATIO_STD, RATIO_MAX, VF_LOSS, VF_CLIPFRAC, VALUES, RETURNS,
     RETURNS_STD, EXPLAINED_VAR, ADV_MEAN, ADV_STD, ADV_RAW_MEAN, ADV_RAW_STD, REWARD_RUNNING_MEAN,
     REWARD_RUNNING_STD, GRAD_NORM_POLICY, GRAD_NORM_CRITIC, LR_POLICY, LR_CRITIC, TOKENS_PER_S,
-    STEP_S, TIME_ROLLOUT, TIME_SCORE, TIME_ADVANTAGE, TIME_UPDATE, TIME_LOGGING,
+    STEP_S, TIME_ROLLOUT, TIME_SCORE, TIME_ADVANTAGE, TIME_UPDATE, TIME_LOGGING, DISTINCT_1, DISTINCT_2, REPEATED_2GRAM,
 ]
 """Logged at every step (gold keys too when the source has a gold reward)."""
 GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
+AUDIT_METRICS = [AUDIT_MEAN, AUDIT_STD, AUDIT_GAP, AUDIT_DISAGREEMENT]
+"""Logged at every step by a run with audit reward models (and AUDIT_MEMBER per member)."""
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
 KNOWN_METRICS = list(dict.fromkeys(
-    STEP_METRICS + GOLD_METRICS + EVAL_METRICS
-    + [PPL_TOKENS, COLLAPSE_STEP, WARNING, WARNING_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
+    STEP_METRICS + GOLD_METRICS + EVAL_METRICS + AUDIT_METRICS
+    + [PPL_TOKENS, GROUP_SIMILARITY, COLLAPSE_STEP, WARNING, WARNING_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
 """Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 
 TAG_SEED = "harness.seed"

@@ -338,7 +338,7 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
     torch.manual_seed(cfg.seed)
     device = parallel.device_of(cfg)
     trainer = PPOTrainer(cfg, Models(cfg, device), load_source(cfg), device, env)
-    detector = Monitor(cfg.collapse, has_gold=trainer.source.gold is not None)
+    detector = Monitor(cfg.collapse, has_gold=trainer.source.gold is not None, has_audit=bool(trainer.audit))
     best, start_step = BestPolicy(), 0
 
     def evaluate(step: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import keys
+from . import keys, signals
 from .algorithms import (
     POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
     masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
@@ -54,6 +54,8 @@ class Batch:
     first_pass: Forwards | None = None
     """Where the update's first minibatch gets its forwards: the scoring pass's, graphs kept, where it
     could keep them (None: fresh forwards)."""
+    audit: torch.Tensor | None = None
+    """[k, B] the audit reward models' raw scores (None: the run has none)."""
 
 
 @dataclass
@@ -206,6 +208,7 @@ class PPOTrainer:
         self.critic = None if models.critic is None else Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
         self.reference = frozen(models.reference, cfg, env, device)
         self.reward = frozen(models.reward, cfg, env, device)
+        self.audit = [frozen(m, cfg, env, device) for m in models.audit]
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
         # teacher-forced passes over real tokens only (gpt2.packed_hidden) call the modules' parts
         # directly: plain torch only (a DeepSpeed engine's forward must run as a whole)
@@ -309,6 +312,11 @@ class PPOTrainer:
         gt = self.gather
         logprobs, ref_logprobs, values = gt(logprobs.float() * mask, B), gt(ref_logprobs.float() * mask, B), gt(values * mask, B)
         entropy = gt(entropy.float(), B)
+        audit = None
+        if self.audit:  # this rank's shard scored by each audit RM, then the global batch [k, B]
+            with self.autocast:
+                audit = torch.stack([self.gather(last_scores(m, ro.sequences, ro.attention_mask, self.pack).float(), B)
+                                     for m in self.audit])
         ro, scores, prompts, responses, gold = self.scored(ro, B)
         self.sampled_tokens += int(ro.lengths.sum())
         processed = self.process(scores)
@@ -331,7 +339,7 @@ class PPOTrainer:
         )
         timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     non_score, kl, advantages, returns, prompts, responses, perm, first)
+                     non_score, kl, advantages, returns, prompts, responses, perm, first, audit)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -528,9 +536,26 @@ class PPOTrainer:
             out[keys.EXPLAINED_VAR] = (1 - masked_var(b.returns - b.old_values, mask, unbiased=False)
                                        / var_returns.clamp(min=1e-12)).item()
             out[keys.LR_CRITIC] = self.critic.lr
+        out |= self.signal_metrics(b)
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()
             out[keys.GOLD_SCORE_STD] = b.gold.std().item() if len(b.gold) > 1 else 0.0
+        return out
+
+    def signal_metrics(self, b: Batch) -> dict[str, float]:
+        """What the samples look like and the audit RMs' second opinion (harness.signals)."""
+        ro = b.rollout
+        ids = [[t for t in row[m.bool()].tolist() if t != self.eos_id] for row, m in zip(ro.response_ids, ro.response_mask)]
+        sig = signals.batch_signals(ids, self.cfg.generation.samples_per_prompt)
+        out = {keys.DISTINCT_1: sig["distinct_1"], keys.DISTINCT_2: sig["distinct_2"],
+               keys.REPEATED_2GRAM: sig["repeated_2gram"]}
+        if "group_similarity" in sig:
+            out[keys.GROUP_SIMILARITY] = sig["group_similarity"]
+        if b.audit is not None:
+            a = signals.audit_stats(b.scores, b.audit)
+            out |= {keys.AUDIT_MEAN: a["mean"], keys.AUDIT_STD: a["std"], keys.AUDIT_GAP: a["gap"],
+                    keys.AUDIT_DISAGREEMENT: a["disagreement"]}
+            out |= {keys.AUDIT_MEMBER.format(k=k): v for k, v in enumerate(b.audit.mean(1).tolist())}
         return out
 
     def step(self) -> tuple[dict[str, float], Batch]:
