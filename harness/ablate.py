@@ -192,10 +192,6 @@ def build_worlds(worlds: dict[int, tuple[Any, Path]], tracking_uri: str, workers
                         for d, (cfg, tags) in todo.items()]:
                 job.result()
         print(f"  world(s) ready ({time.time() - t0:.0f} s)", flush=True)
-    from .world.audit import ensure_audit
-
-    for d in [*todo, *(str(d) for _, d in worlds.values())]:  # a second opinion on the reward, once per world
-        ensure_audit(d, progress=False)
     for w, (cfg, d) in worlds.items():
         m = load_world(d).metrics
         print(f"  world {w} ({world_config_hash(cfg)}, {d}): RM held-out acc {m.get(K.RM_EVAL_ACC, float('nan')):.3f}, "

@@ -77,8 +77,8 @@ class ModelConfig:
     """Critic start (trick 8): `reward` = reward-model trunk and head applied per token (PPO-max); `sft` = SFT trunk with a fresh random head; `random` = SFT architecture with random weights."""
     autocast: Literal["none", "bf16"] = "none"
     """Mixed precision for forward passes: `bf16` autocast (CPUs with avx512_bf16, GPUs); losses and optimizer state stay fp32."""
-    audit_reward_paths: Literal["auto", "none"] | list[PathStr] = "auto"
-    """Audit reward models scored on every training sample as a second opinion on the reward (never trained on; logged as audit/*, read by the early warning): a list of reward-model paths (HF names or local dirs, one scalar label, the policy's vocabulary), `none`, or `auto` = the embedded world's own audit RMs where built (`python -m harness.world build` makes 3 beside the world, each on fresh preference pairs the reward model never saw; harness.world.audit), else none."""
+    audit_reward_paths: Literal["auto", "world", "none"] | list[PathStr] = "auto"
+    """Audit reward models scored on every training sample as a second opinion on the reward (never trained on; logged as audit/*, read by the early warning; each costs about one reward-model forward a step): a list of reward-model paths (HF names or local dirs, one scalar label, the policy's vocabulary), `none`, `world` = the embedded world's own 3 audit RMs, built beside it on first use (each on fresh preference pairs the reward model never saw; harness.world.audit; ~2 CPU minutes once), or `auto` = those where already built (`python -m harness.world build --audit-rms 3`), else none."""
 
 
 @section
@@ -243,6 +243,14 @@ class CollapseConfig:
     """The detector's threshold instead of the file's (another point of its operating curve: lower warns earlier and more often)."""
     stop_on_collapse: Bool = False
     """End training once the run is marked collapsed (status FINISHED, tag harness.collapsed=true): on the world `confirm - 1` steps after the gold onset, without gold at the warning."""
+    on_warning: Literal["none", "stop", "raise_kl", "rollback"] = "none"
+    """What the trainer does once, on the step the detector warns (never on the gold truth, which a real run does not have): `none`; `stop` = end the run there (its last policy is the one before the fall); `raise_kl` = eta becomes max(eta * warning_kl_factor, warning_kl_min) in place; `rollback` = policy, critic, optimizers and reward statistics back to the snapshot taken at least rollback_steps steps before, then raise_kl. Tag harness.warning_action, metric collapse/action_step (measured on held-out runs: bench/RESULTS.md)."""
+    warning_kl_factor: Annotated[Float, Field(ge=1, le=1000)] = 2.0
+    """raise_kl / rollback: the KL coefficient is multiplied by this..."""
+    warning_kl_min: Annotated[Float, Field(ge=0, le=100)] = 0.05
+    """...and is at least this (a run without a KL penalty gets one)."""
+    rollback_steps: Annotated[Int, Field(ge=1, le=100_000)] = 10
+    """rollback: snapshots of the trainer every this many steps; the warning restores the one at least this far back (two kept in memory)."""
 
 
 @section
@@ -320,6 +328,13 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
                      "(DeepSpeed's stage-0 mixed-precision wrapper takes an extra AdamW step at start-up; stage 1 costs nothing extra)")
         if d.offload_optimizer and d.zero_stage == 0:
             p.append("distributed.offload_optimizer: got true with zero_stage=0; allowed: only with zero_stage 1, 2 or 3")
+    if cfg.model.audit_reward_paths == "world" and cfg.data.source != "world":
+        p.append(f"model.audit_reward_paths: got 'world' with data.source={cfg.data.source!r}; allowed: auto, none or "
+                 "a list of reward-model paths (the world's audit RMs exist only on the embedded world)")
+    c = cfg.collapse
+    if c.on_warning != "none" and (not c.enabled or c.detector == "off"):
+        p.append(f"collapse.on_warning: got {c.on_warning!r} with collapse.enabled={c.enabled} and collapse.detector="
+                 f"{c.detector!r}; allowed: none (an action needs the warning detector on)")
     G, est = cfg.generation.samples_per_prompt, ppo.adv_estimator
     if est in NEEDS_GROUPS and G < 2:
         p.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "

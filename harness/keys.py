@@ -82,6 +82,7 @@ EVAL_LENGTH = "eval/length_mean"
 COLLAPSE_STEP = "collapse/step"  # logged once, when the run's collapse flag is raised; its value is the step it marks (the gold onset on the world)
 WARNING = "collapse/warning"  # the detector's warning score this step (harness.detector; from the first full window)
 WARNING_STEP = "collapse/warning_step"  # logged once, on the step the detector warns; its value is that step
+ACTION_STEP = "collapse/action_step"  # logged once, on the step collapse.on_warning acted; its value is that step
 GOLD_ONSET = "collapse/gold_onset"  # logged once, on the step the gold onset is confirmed; its value is the onset step (harness.metrics.GoldTruth)
 
 # -- reward-model training (world build; experiment `world`) ------------------------------------
@@ -113,7 +114,7 @@ AUDIT_METRICS = [AUDIT_MEAN, AUDIT_STD, AUDIT_GAP, AUDIT_DISAGREEMENT]
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
 KNOWN_METRICS = list(dict.fromkeys(
     STEP_METRICS + GOLD_METRICS + EVAL_METRICS + AUDIT_METRICS
-    + [PPL_TOKENS, GROUP_SIMILARITY, COLLAPSE_STEP, WARNING, WARNING_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
+    + [PPL_TOKENS, GROUP_SIMILARITY, COLLAPSE_STEP, WARNING, WARNING_STEP, ACTION_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
 """Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 
 TAG_SEED = "harness.seed"
@@ -124,7 +125,8 @@ TAG_COLLAPSED = "harness.collapsed"  # "true" / "false", set at the end of a run
 TAG_COLLAPSE_REASON = "harness.collapse_reason"
 TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, exception)
 TAG_BEST_STEP = "harness.best_step"  # step of the best held-out eval before the collapse rule fired (best_policy.pt)
-TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
+TAG_STOPPED = "harness.stopped_by"  # "collapse", "warning" or "callback" when a run ended before ppo.steps
+TAG_WARNING_ACTION = "harness.warning_action"  # collapse.on_warning, set on the step it acted
 TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
 TAG_PID = "harness.pid"  # the process that trains the run (rank 0), set whenever it (re)opens the run
 TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run

@@ -48,17 +48,18 @@ def resolve_path(path: str, cfg: TrainConfig, field: str) -> str:
 
 
 def audit_paths(cfg: TrainConfig) -> list[str]:
-    """model.audit_reward_paths resolved: `auto` = the world's audit RMs where built (harness.world.audit),
-    `none` = [], else each path as resolve_path resolves it."""
+    """model.audit_reward_paths resolved: `auto` = the world's audit RMs where built, `world` = those,
+    built now if missing (harness.world.audit), `none` = [], else each path as resolve_path resolves it."""
     spec = cfg.model.audit_reward_paths
     if spec == "none":
         return []
-    if spec == "auto":
+    if spec in ("auto", "world"):
         if cfg.data.source != "world" or not (Path(cfg.data.world_dir) / "world.json").is_file():
             return []
-        from .world.audit import member_dirs
+        from .world.audit import ensure_audit, member_dirs
 
-        return [str(d) for d in member_dirs(cfg.data.world_dir)]
+        dirs = ensure_audit(cfg.data.world_dir, progress=False) if spec == "world" else member_dirs(cfg.data.world_dir)
+        return [str(d) for d in dirs]
     return [resolve_path(p, cfg, f"model.audit_reward_paths[{i}]") for i, p in enumerate(spec)]
 
 
@@ -128,7 +129,8 @@ def preflight(cfg: TrainConfig) -> list[str]:
     if not problems and cfg.collapse.enabled and cfg.collapse.detector not in ("default", "off"):
         from .detector import load_params, needs_audit
 
-        if needs_audit(load_params(cfg.collapse.detector)) and not audit_paths(cfg):
+        has_audit = cfg.model.audit_reward_paths == "world" and cfg.data.source == "world" or audit_paths(cfg)
+        if needs_audit(load_params(cfg.collapse.detector)) and not has_audit:
             problems.append(f"collapse.detector: {cfg.collapse.detector!r} reads the audit reward models' signals "
                             f"(audit/*), which this run does not log (model.audit_reward_paths="
                             f"{cfg.model.audit_reward_paths!r} gives none); allowed: a detector fit without them "

@@ -622,6 +622,14 @@ class PPOTrainer:
             s[f"{name}_sched"] = e.sched.state_dict()
         return s
 
+    def restore_models(self, s: dict) -> None:
+        """Policy, critic, their optimizers and schedules and the reward statistics from a `state_dict`
+        snapshot; the data order and sampling counters go on (a rollback resamples, it does not replay)."""
+        for name, e in self.engines().items():
+            e.load_full_state(s[name], s[f"{name}_opt"])
+            e.sched.load_state_dict(s[f"{name}_sched"])
+        self.reward_stats.load_state_dict(s["reward_stats"])
+
     def load_state_dict(self, s: dict) -> None:
         for name, e in self.engines().items():
             e.load_full_state(s[name], s[f"{name}_opt"])
