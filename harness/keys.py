@@ -33,6 +33,10 @@ POLICY_CLIPFRAC = "policy/clipfrac"
 RATIO_MEAN = "policy/ratio_mean"
 RATIO_STD = "policy/ratio_std"
 RATIO_MAX = "policy/ratio_max"
+# Logged only while the trick that has the quantity is on (docs/PAPER.md, "tricks after the paper"):
+POLICY_CLIPFRAC_HIGH = "policy/clipfrac_high"  # clip-higher (ppo.clip_eps_high): fraction of tokens clipped at 1 + clip_eps_high
+POLICY_DUAL_CLIPFRAC = "policy/dual_clipfrac"  # dual-clip (ppo.dual_clip_c): fraction of tokens capped at -c*A
+POLICY_LOGP_ADV_COV = "policy/logp_adv_cov"  # clip_cov / kl_cov: token mean of (log pi - mean)(A - mean), Cui et al. 2025
 
 VF_LOSS = "val/vf_loss"
 VF_CLIPFRAC = "val/clipfrac"
@@ -49,6 +53,7 @@ ADV_RAW_STD = "adv/raw_std"
 
 REWARD_RUNNING_MEAN = "reward/running_mean"
 REWARD_RUNNING_STD = "reward/running_std"
+OVERLONG_PENALTY = "reward/overlong_penalty"  # DAPO's soft overlong punishment (reward.overlong_buffer), batch mean; only while on
 
 GRAD_NORM_POLICY = "optim/grad_norm_policy"  # before clipping, mean over updates this step
 GRAD_NORM_CRITIC = "optim/grad_norm_critic"
@@ -98,8 +103,10 @@ STEP_METRICS = [
 """Logged at every step (gold keys too when the source has a gold reward)."""
 GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
+TRICK_METRICS = [POLICY_CLIPFRAC_HIGH, POLICY_DUAL_CLIPFRAC, POLICY_LOGP_ADV_COV, OVERLONG_PENALTY]
+"""Logged at every step while their trick is on."""
 KNOWN_METRICS = list(dict.fromkeys(
-    STEP_METRICS + GOLD_METRICS + EVAL_METRICS
+    STEP_METRICS + GOLD_METRICS + EVAL_METRICS + TRICK_METRICS
     + [PPL_TOKENS, COLLAPSE_STEP, WARNING, WARNING_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
 """Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 

@@ -20,7 +20,8 @@ from .algorithms import (
     POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
     masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
-from .algorithms.estimators import NEEDS_GREEDY, aggregate, estimate
+from .algorithms.estimators import NEEDS_GREEDY, aggregate, compute_gae, estimate, group_mean_batch_std
+from .algorithms.rewards import overlong_penalty
 from .config import TrainConfig
 from .data import PromptSource
 from .models import Models
@@ -49,6 +50,7 @@ class Batch:
     returns: torch.Tensor
     prompts: list[str]
     responses: list[str]
+    overlong: torch.Tensor | None  # [B] DAPO's overlong penalty in processed_scores (reward.overlong_buffer), else None
     first_perm: torch.Tensor | None = None
     """The update's first epoch's row order, drawn before scoring (the same draw, in the same order)."""
     first_pass: Forwards | None = None
@@ -211,6 +213,7 @@ class PPOTrainer:
         # directly: plain torch only (a DeepSpeed engine's forward must run as a whole)
         self.pack = not d.deepspeed
         self.reward_stats = RunningMeanStd()
+        self.cov_gen: torch.Generator | None = None  # Clip-Cov's token draw (set per update)
         self.kl_ctl = KLController(p.kl_coef, p.kl_target if p.kl_controller == "adaptive" else None, p.kl_horizon)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.rollout_counter = 0  # rollouts made so far: the sampling noise's counter
@@ -312,6 +315,11 @@ class PPOTrainer:
         ro, scores, prompts, responses, gold = self.scored(ro, B)
         self.sampled_tokens += int(ro.lengths.sum())
         processed = self.process(scores)
+        overlong = None
+        if cfg.reward.overlong_buffer:  # DAPO: pushed back from the cap after normalization, so it is not undone
+            overlong = overlong_penalty(ro.lengths, cfg.generation.max_new_tokens, cfg.reward.overlong_buffer,
+                                        cfg.reward.overlong_penalty).to(processed)
+            processed = processed + overlong
         baseline = None
         if p.adv_estimator in NEEDS_GREEDY:  # ReMax: the greedy response's processed score, per prompt
             greedy, greedy_scores = self.scored(self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True),
@@ -329,9 +337,11 @@ class PPOTrainer:
             p.adv_estimator, rewards=rewards, values=values, mask=mask, gamma=p.gamma, lam=p.gae_lambda,
             group=torch.arange(B, device=mask.device) // G, baseline=baseline,
         )
+        if p.critic_gae_lambda is not None:  # VAPO's decoupled GAE: the critic's targets with their own lambda
+            returns = compute_gae(rewards, values, mask, p.gamma, p.critic_gae_lambda)[1]
         timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     non_score, kl, advantages, returns, prompts, responses, perm, first)
+                     non_score, kl, advantages, returns, prompts, responses, overlong, perm, first)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,6 +374,12 @@ class PPOTrainer:
         def add(k: str, v) -> None:
             acc.setdefault(k, []).append(float(v))
 
+        advantages, whiten = b.advantages, p.adv_normalize
+        if p.adv_normalize and p.adv_normalize_mode == "group_mean_batch_std":  # LitePPO: once over the whole batch
+            advantages = group_mean_batch_std(advantages, mask, torch.arange(B, device=mask.device) // self.cfg.generation.samples_per_prompt)
+            whiten = False
+        # Clip-Cov's random token draw: its own generator, keyed by the rollout (ranks and resumes agree; data_gen untouched)
+        self.cov_gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.rollout_counter) if p.policy_loss == "clip_cov" else None
         fresh = Forwards(self)  # asks forward afresh
         forwards, b.first_pass = b.first_pass or fresh, None  # the first minibatch's: the scoring pass's, where kept
         for epoch in range(p.ppo_epochs):
@@ -376,7 +392,9 @@ class PPOTrainer:
                 m = m[:, :R]
                 adv = b.advantages[i][:, :R]
                 add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
-                if p.adv_normalize:
+                if advantages is not b.advantages:  # LitePPO's, normalized over the whole batch above
+                    adv = advantages[i][:, :R]
+                if whiten:
                     adv = masked_whiten(adv, m)
                 if p.adv_clip is not None:
                     adv = adv.clamp(-p.adv_clip, p.adv_clip)
@@ -423,7 +441,9 @@ class PPOTrainer:
             loss_tok, st = POLICY_LOSSES[p.policy_loss](
                 logprobs, x.old_logprobs[rows], x.adv[rows], clip_eps=p.clip_eps,
                 importance_sampling=p.importance_sampling, ref_logprobs=x.ref_logprobs[rows], apa_lambda=p.apa_lambda,
-                awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight,
+                awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight, mask=mu, clip_eps_high=p.clip_eps_high,
+                dual_clip_c=p.dual_clip_c, clip_cov_ratio=p.clip_cov_ratio, clip_cov_lb=p.clip_cov_lb, clip_cov_ub=p.clip_cov_ub,
+                kl_cov_ratio=p.kl_cov_ratio, kl_cov_coef=p.kl_cov_coef, generator=self.cov_gen,
             )
             pg_num = aggregate(loss_tok, mu, *agg)[0]
             loss_num = pg_num
@@ -443,6 +463,8 @@ class PPOTrainer:
                 "pg_num": pg_num, "entropy": ent_sum, "clipped": (st["clipped"] * mu).sum(),
                 "approx_kl": 0.5 * (st["log_ratio"] ** 2 * mu).sum(), "ratio": (ratio * mu).sum(), "ptx": ptx_sum,
                 "tokens": mu.sum(),
+                # a trick's own per-token quantity (harness.algorithms.losses), named by its metric key
+                **{k: (v * mu).sum() for k, v in st.items() if k not in ("clipped", "ratio", "log_ratio")},
             })
             tot = {k: tot.get(k, 0.0) + g for k, g in glob.items()}
             if not all(math.isfinite(glob[k].item()) for k in ("pg_num", "entropy", "ptx")):
@@ -468,6 +490,8 @@ class PPOTrainer:
         if ptx is not None:
             add(keys.PTX_LOSS, tot["ptx"] / n_ptx)
         add(keys.POLICY_CLIPFRAC, tot["clipped"] / n)
+        for k in tot.keys() & set(keys.TRICK_METRICS):
+            add(k, tot[k] / n)
         add(keys.APPROX_KL, tot["approx_kl"] / n)
         add(keys.RATIO_MEAN, r_mean)
         add(keys.RATIO_STD, (r_var / n).sqrt())
@@ -528,6 +552,8 @@ class PPOTrainer:
             out[keys.EXPLAINED_VAR] = (1 - masked_var(b.returns - b.old_values, mask, unbiased=False)
                                        / var_returns.clamp(min=1e-12)).item()
             out[keys.LR_CRITIC] = self.critic.lr
+        if b.overlong is not None:
+            out[keys.OVERLONG_PENALTY] = b.overlong.mean().item()
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()
             out[keys.GOLD_SCORE_STD] = b.gold.std().item() if len(b.gold) > 1 else 0.0
