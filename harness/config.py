@@ -158,6 +158,8 @@ class PPOConfig:
     """AWR temperature: loss = -mean(log pi * exp(A/beta))."""
     awr_max_weight: Pos | None = None
     """Clip AWR weights exp(A/beta) to at most this (null = unclipped, as the reference code)."""
+    dynamic_sampling_tol: NonNeg | None = None
+    """DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2) for the group estimators: a prompt group whose G raw reward-model scores span at most this (max - min) is dropped from the update (its tokens leave every loss); null = off. DAPO refills the batch by sampling more prompts; here the batch shrinks instead (a minibatch left empty is skipped; a batch with no informative group at all is kept whole, so that every step updates and logs). Logs response/informative_groups_frac."""
     clip_cov_ratio: Annotated[Float, Field(gt=0, le=1)] = 0.0002
     """Clip-Cov (policy_loss=clip_cov): the fraction of response tokens whose gradient is cut (at least one per micro-batch), drawn among those with covariance in (clip_cov_lb, clip_cov_ub) (Cui et al. 2025: 2e-4)."""
     clip_cov_lb: Float = 1.0
@@ -411,6 +413,9 @@ def _trick_checks(cfg: TrainConfig) -> list[str]:
         elif G < 2:
             p.append(f"ppo.adv_normalize_mode: got 'group_mean_batch_std' with generation.samples_per_prompt={G}; allowed: "
                      "'minibatch' (a group mean needs groups: set generation.samples_per_prompt >= 2)")
+    if ppo.dynamic_sampling_tol is not None and ppo.adv_estimator not in NEEDS_GROUPS:
+        p.append(f"ppo.dynamic_sampling_tol: got {ppo.dynamic_sampling_tol} with ppo.adv_estimator={ppo.adv_estimator}; "
+                 f"allowed: null (it drops prompt groups: one of {', '.join(sorted(NEEDS_GROUPS))})")
     if ppo.critic_gae_lambda is not None and ppo.adv_estimator not in NEEDS_CRITIC:
         p.append(f"ppo.critic_gae_lambda: got {ppo.critic_gae_lambda} with ppo.adv_estimator={ppo.adv_estimator}; "
                  f"allowed: null (only {', '.join(sorted(NEEDS_CRITIC))} trains a critic)")

@@ -24,6 +24,7 @@ SAMPLED_TOKENS = "response/sampled_tokens"  # response tokens sampled so far (al
 LENGTH_MAX = "response/length_max"
 LENGTH_STD = "response/length_std"  # spread of response lengths in the batch (tokens)
 FRAC_AT_CAP = "response/frac_at_cap"
+GROUPS_KEPT_FRAC = "response/informative_groups_frac"  # DAPO's dynamic sampling (ppo.dynamic_sampling_tol): share of prompt groups whose scores differ (kept); only while on
 
 PG_LOSS = "policy/pg_loss"
 ENTROPY_LOSS = "policy/entropy_loss"
@@ -103,7 +104,7 @@ STEP_METRICS = [
 """Logged at every step (gold keys too when the source has a gold reward)."""
 GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
-TRICK_METRICS = [POLICY_CLIPFRAC_HIGH, POLICY_DUAL_CLIPFRAC, POLICY_LOGP_ADV_COV, OVERLONG_PENALTY]
+TRICK_METRICS = [POLICY_CLIPFRAC_HIGH, POLICY_DUAL_CLIPFRAC, POLICY_LOGP_ADV_COV, OVERLONG_PENALTY, GROUPS_KEPT_FRAC]
 """Logged at every step while their trick is on."""
 KNOWN_METRICS = list(dict.fromkeys(
     STEP_METRICS + GOLD_METRICS + EVAL_METRICS + TRICK_METRICS

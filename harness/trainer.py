@@ -20,7 +20,7 @@ from .algorithms import (
     POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
     masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
-from .algorithms.estimators import NEEDS_GREEDY, aggregate, compute_gae, estimate, group_mean_batch_std
+from .algorithms.estimators import NEEDS_GREEDY, aggregate, compute_gae, estimate, group_mean_batch_std, informative_groups
 from .algorithms.rewards import overlong_penalty
 from .config import TrainConfig
 from .data import PromptSource
@@ -51,6 +51,7 @@ class Batch:
     prompts: list[str]
     responses: list[str]
     overlong: torch.Tensor | None  # [B] DAPO's overlong penalty in processed_scores (reward.overlong_buffer), else None
+    keep: torch.Tensor | None  # [B] bool: rows of the prompt groups DAPO's dynamic sampling keeps (ppo.dynamic_sampling_tol), else None
     first_perm: torch.Tensor | None = None
     """The update's first epoch's row order, drawn before scoring (the same draw, in the same order)."""
     first_pass: Forwards | None = None
@@ -333,15 +334,17 @@ class PPOTrainer:
         # the penalty in the reward, or (kl_placement=loss) none here and eta * KL in the policy loss
         kl_coef = self.kl_ctl.value if p.kl_placement == "reward" else 0.0
         rewards, non_score = token_rewards(processed, kl_pen, mask, kl_coef)
+        group = torch.arange(B, device=mask.device) // G
         advantages, returns = estimate(
             p.adv_estimator, rewards=rewards, values=values, mask=mask, gamma=p.gamma, lam=p.gae_lambda,
-            group=torch.arange(B, device=mask.device) // G, baseline=baseline,
+            group=group, baseline=baseline,
         )
+        keep = None if p.dynamic_sampling_tol is None else informative_groups(scores.to(mask.device), group, p.dynamic_sampling_tol)
         if p.critic_gae_lambda is not None:  # VAPO's decoupled GAE: the critic's targets with their own lambda
             returns = compute_gae(rewards, values, mask, p.gamma, p.critic_gae_lambda)[1]
         timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     non_score, kl, advantages, returns, prompts, responses, overlong, perm, first)
+                     non_score, kl, advantages, returns, prompts, responses, overlong, keep, perm, first)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,6 +377,8 @@ class PPOTrainer:
         def add(k: str, v) -> None:
             acc.setdefault(k, []).append(float(v))
 
+        if b.keep is not None and b.keep.any():  # DAPO's dynamic sampling: the dropped groups' tokens leave every loss
+            mask = mask * b.keep[:, None]
         advantages, whiten = b.advantages, p.adv_normalize
         if p.adv_normalize and p.adv_normalize_mode == "group_mean_batch_std":  # LitePPO: once over the whole batch
             advantages = group_mean_batch_std(advantages, mask, torch.arange(B, device=mask.device) // self.cfg.generation.samples_per_prompt)
@@ -389,6 +394,9 @@ class PPOTrainer:
                 i = perm[s : s + mb_size].sort().values.to(self.device)
                 m = mask[i]
                 R = int(m.sum(1).max().item())  # trim right padding shared by this minibatch
+                if R == 0:  # every row dropped by dynamic sampling: no update (a zero loss would still move AdamW)
+                    forwards = fresh
+                    continue
                 m = m[:, :R]
                 adv = b.advantages[i][:, :R]
                 add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
@@ -554,6 +562,8 @@ class PPOTrainer:
             out[keys.LR_CRITIC] = self.critic.lr
         if b.overlong is not None:
             out[keys.OVERLONG_PENALTY] = b.overlong.mean().item()
+        if b.keep is not None:
+            out[keys.GROUPS_KEPT_FRAC] = b.keep.float().mean().item()
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()
             out[keys.GOLD_SCORE_STD] = b.gold.std().item() if len(b.gold) > 1 else 0.0

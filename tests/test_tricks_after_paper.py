@@ -10,7 +10,7 @@ import torch
 
 from harness import keys, tracking
 from harness.algorithms import compute_gae
-from harness.algorithms.estimators import group_mean_batch_std
+from harness.algorithms.estimators import group_mean_batch_std, informative_groups
 from harness.algorithms.losses import (
     POLICY_LOSSES, cispo_loss, clip_bounds, clip_cov_loss, dual_clip, gspo_loss, kl_cov_loss, logp_adv_cov, ppo_loss,
 )
@@ -124,6 +124,13 @@ def test_group_mean_batch_std_by_hand():
     assert close(out, [[-2 / sd, 0.0], [1 / sd, 0.0]])
 
 
+def test_dynamic_sampling_keeps_groups_whose_scores_differ():
+    scores, group = T([1.0, 1.0, 0.0, 1.0, 0.5, 0.7]), T([3, 3, 5, 5, 8, 8])
+    # ranges 0, 1, 0.2: tol 0 drops only the all-alike group; tol 0.5 also the one within 0.2
+    assert informative_groups(scores, group, 0.0).tolist() == [False, False, True, True, True, True]
+    assert informative_groups(scores, group, 0.5).tolist() == [False, False, True, True, False, False]
+
+
 # ---------------------------------------------------------------- Clip-Cov and KL-Cov (Cui et al. 2025)
 def test_logp_adv_covariance_by_hand():
     cov = logp_adv_cov(T([[-1.0, -2.0, -4.0]]), T([[1.0, 0.0, -1.0]]), torch.ones(1, 3))
@@ -200,6 +207,7 @@ def problems(overrides):
     (["ppo.critic_gae_lambda=1", "ppo.adv_estimator=rloo", "generation.samples_per_prompt=2"],
      "ppo.critic_gae_lambda: got 1.0 with ppo.adv_estimator=rloo; allowed: null"),
     (["ppo.clip_cov_lb=5"], "ppo.clip_cov_lb: got 5.0 with ppo.clip_cov_ub=5.0; allowed: a number below ppo.clip_cov_ub"),
+    (["ppo.dynamic_sampling_tol=0"], "ppo.dynamic_sampling_tol: got 0.0 with ppo.adv_estimator=gae; allowed: null"),
     (["reward.overlong_buffer=30"], "reward.overlong_buffer: got 30 with generation.max_new_tokens=24; allowed: 0 to 24"),
 ])
 def test_bad_combinations_are_refused_before_any_run(overrides, expected):
@@ -221,7 +229,8 @@ GROUPS = {"generation.samples_per_prompt": 4}
      [keys.POLICY_CLIPFRAC_HIGH, keys.POLICY_DUAL_CLIPFRAC, keys.OVERLONG_PENALTY]),
     ("gspo_liteppo", {**GROUPS, "ppo.adv_estimator": "dr_grpo", "ppo.policy_loss": "gspo",
                       "ppo.loss_aggregation": "seq_mean_token_mean", "ppo.clip_eps": 0.0003, "ppo.clip_eps_high": 0.0004,
-                      "ppo.adv_normalize_mode": "group_mean_batch_std"}, []),
+                      "ppo.adv_normalize_mode": "group_mean_batch_std", "ppo.dynamic_sampling_tol": 0.0},
+     [keys.GROUPS_KEPT_FRAC]),
     ("cispo", {**GROUPS, "ppo.adv_estimator": "grpo", "ppo.policy_loss": "cispo", "ppo.clip_eps": 1.0,
                "ppo.clip_eps_high": 2.0}, []),
     ("clip_cov", {"ppo.policy_loss": "clip_cov", "ppo.clip_cov_lb": -100.0}, [keys.POLICY_LOGP_ADV_COV]),
@@ -237,3 +246,12 @@ def test_each_trick_trains_on_the_tiny_world(tiny_world, tmp_path, name, flags, 
     assert [k for k in keys.TRICK_METRICS if k in m and k not in logged] == []  # nothing logged for an unused trick
     if keys.POLICY_LOGP_ADV_COV in logged:  # at least one token per micro-batch is cut or penalized
         assert m[keys.POLICY_CLIPFRAC] > 0
+
+
+def test_dynamic_sampling_with_no_informative_group_keeps_the_batch(tiny_world, tmp_path):
+    cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **{
+        **E2E, **GROUPS, "ppo.steps": 1, "ppo.adv_estimator": "grpo", "ppo.dynamic_sampling_tol": 1e9}))
+    res = train(cfg)
+    assert res.status == "FINISHED", res.error
+    m = tracking.client(cfg.logging.tracking_uri).get_run(res.run_id).data.metrics
+    assert m[keys.GROUPS_KEPT_FRAC] == 0 and keys.PG_LOSS in m  # none differs by 1e9: updated on the whole batch

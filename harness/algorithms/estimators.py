@@ -158,8 +158,24 @@ def group_mean_batch_std(advantages: torch.Tensor, mask: torch.Tensor, group: to
     m = mask.to(advantages.dtype)
     row = (advantages * m).sum(1) / m.sum(1).clamp(min=1)
     mean, _, _ = _group_stats(row, group)
-    std = row.std() if len(row) > 1 else torch.zeros((), dtype=row.dtype, device=row.device)
+    real = row[m.sum(1) > 0]  # a row without tokens (dropped by dynamic sampling) has no advantage to count
+    std = real.std() if len(real) > 1 else torch.zeros((), dtype=row.dtype, device=row.device)
     return (advantages - mean[:, None]) / (std + EPS) * m
+
+
+def informative_groups(scores: torch.Tensor, group: torch.Tensor, tol: float) -> torch.Tensor:
+    """DAPO's dynamic sampling filter (Yu et al. 2025, Sec. 3.2, eq. 11: keep a group only if
+    0 < |{correct samples}| < G): True for the rows of a prompt group whose scores differ by more than
+    `tol` (max - min > tol). A group whose samples all score alike gives every group estimator a zero
+    (or, divided by a tiny group std, a noise-blown) advantage: it carries no signal, only dilutes the
+    batch. DAPO's scores are 0/1 answers, so "alike" is exact; a reward model's scores are real
+    numbers, hence the tolerance."""
+    _, inv = torch.unique(group, return_inverse=True)
+    s = scores.double()
+    empty = torch.zeros(int(inv.max()) + 1 if len(inv) else 0, dtype=s.dtype, device=s.device)
+    hi = empty.scatter_reduce(0, inv, s, "amax", include_self=False)
+    lo = empty.scatter_reduce(0, inv, s, "amin", include_self=False)
+    return (hi - lo)[inv] > tol
 
 
 def estimate(name: str, **inputs: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
