@@ -141,7 +141,7 @@ class PPOConfig:
     clip_eps: Annotated[Float, Field(gt=0, le=1)] | None = 0.2
     """Clipped surrogate epsilon (trick 11), the lower range 1 - clip_eps (verl's clip_ratio_low); null = unclipped ratio * advantage."""
     clip_eps_high: Annotated[Float, Field(gt=0, le=10)] | None = None
-    """Clip-higher (DAPO, Yu et al. 2025, Sec. 3.1; verl's clip_ratio_high): the upper range, ratio clipped to [1 - clip_eps, 1 + clip_eps_high] (DAPO: 0.2 / 0.28); null = clip_eps (PPO's symmetric clip). At least clip_eps. Also the upper range of gspo, cispo and clip_cov. Logs policy/clipfrac_high."""
+    """Clip-higher (DAPO, Yu et al. 2025, Sec. 3.1; verl's clip_ratio_high): the upper range, ratio clipped to [1 - clip_eps, 1 + clip_eps_high] (DAPO: 0.2 / 0.28); null = clip_eps (PPO's symmetric clip). At least clip_eps, except with cispo (whose weights usually have no lower bound: clip_eps 1). Also the upper range of gspo, cispo and clip_cov. Logs policy/clipfrac_high."""
     dual_clip_c: Annotated[Float, Field(gt=1, le=1000)] | None = None
     """Dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, ROLL's dual_clip_loss): for negative advantages the loss is capped at -c*A (c > 1; verl's default 3), so a huge ratio cannot blow one token's loss up; null = off. policy_loss=ppo only. Logs policy/dual_clipfrac."""
     value_clip: Pos | None = 0.2
@@ -391,7 +391,7 @@ def _trick_checks(cfg: TrainConfig) -> list[str]:
         elif ppo.clip_eps is None:
             p.append(f"ppo.clip_eps_high: got {ppo.clip_eps_high} with ppo.clip_eps=null; allowed: null "
                      "(clip-higher widens the upper side of a clip: set ppo.clip_eps, the lower range)")
-        elif ppo.clip_eps_high < ppo.clip_eps:
+        elif ppo.clip_eps_high < ppo.clip_eps and loss != "cispo":  # CISPO bounds a weight: no lower bound (clip_eps 1) is its usual setting
             p.append(f"ppo.clip_eps_high: got {ppo.clip_eps_high} with ppo.clip_eps={ppo.clip_eps}; allowed: null or a number "
                      f">= ppo.clip_eps={ppo.clip_eps} (a lower clip range above the upper one is not clip-higher)")
     if ppo.dual_clip_c is not None and (loss not in _takes("dual_clip_c") or ppo.importance_sampling == "off"):

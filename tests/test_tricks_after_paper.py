@@ -214,6 +214,11 @@ def test_bad_combinations_are_refused_before_any_run(overrides, expected):
     assert f"--set: {expected}" in problems(overrides)
 
 
+def test_cispo_may_have_no_lower_bound_and_a_narrow_upper_one():
+    cfg = load_config(None, ["ppo.policy_loss=cispo", "ppo.clip_eps=1", "ppo.clip_eps_high=0.28"])
+    assert (cfg.ppo.clip_eps, cfg.ppo.clip_eps_high) == (1.0, 0.28)
+
+
 def test_every_new_loss_is_registered():
     assert {"gspo", "cispo", "clip_cov", "kl_cov"} <= set(POLICY_LOSSES)
 
@@ -232,7 +237,7 @@ GROUPS = {"generation.samples_per_prompt": 4}
                       "ppo.adv_normalize_mode": "group_mean_batch_std", "ppo.dynamic_sampling_tol": 0.0},
      [keys.GROUPS_KEPT_FRAC]),
     ("cispo", {**GROUPS, "ppo.adv_estimator": "grpo", "ppo.policy_loss": "cispo", "ppo.clip_eps": 1.0,
-               "ppo.clip_eps_high": 2.0}, []),
+               "ppo.clip_eps_high": 0.28}, []),  # no lower bound, the upper range narrower: allowed for CISPO's weights
     ("clip_cov", {"ppo.policy_loss": "clip_cov", "ppo.clip_cov_lb": -100.0}, [keys.POLICY_LOGP_ADV_COV]),
     ("kl_cov", {"ppo.policy_loss": "kl_cov", "ppo.ppo_epochs": 2}, [keys.POLICY_LOGP_ADV_COV]),
 ])

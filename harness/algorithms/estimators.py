@@ -164,7 +164,7 @@ def group_mean_batch_std(advantages: torch.Tensor, mask: torch.Tensor, group: to
 
 
 def informative_groups(scores: torch.Tensor, group: torch.Tensor, tol: float) -> torch.Tensor:
-    """DAPO's dynamic sampling filter (Yu et al. 2025, Sec. 3.2, eq. 11: keep a group only if
+    """DAPO's dynamic sampling filter (Yu et al. 2025, Sec. 3.2: keep a group only if
     0 < |{correct samples}| < G): True for the rows of a prompt group whose scores differ by more than
     `tol` (max - min > tol). A group whose samples all score alike gives every group estimator a zero
     (or, divided by a tiny group std, a noise-blown) advantage: it carries no signal, only dilutes the

@@ -35,7 +35,7 @@ def clip_bounds(clip_eps: float, clip_eps_high: float | None) -> tuple[float, fl
 
 
 def dual_clip(loss_tok: torch.Tensor, advantages: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL", eq. 5):
+    """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL", dual-clip PPO):
     for A < 0 the clipped surrogate's loss -min(r*A, clip(r)*A) grows without bound in the ratio r, so
     one stale token with a huge ratio can dominate a minibatch; it is capped at -c*A (c > 1):
 
@@ -123,7 +123,7 @@ def gspo_loss(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *, mask: torch.Tensor,
     clip_eps: float, clip_eps_high: float | None = None, **_: object,
 ) -> tuple[torch.Tensor, Stats]:
-    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5-7, GSPO-token form):
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Sec. 4, GSPO-token form):
     one length-normalised importance ratio per response instead of one per token,
 
         s_i = exp( (1/|y_i|) * sum_t log(pi_theta(y_i,t) / pi_rollout(y_i,t)) ),
@@ -152,7 +152,7 @@ def cispo_loss(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *, clip_eps: float,
     clip_eps_high: float | None = None, **_: object,
 ) -> tuple[torch.Tensor, Stats]:
-    """CISPO (MiniMax-M1 technical report 2025, Sec. 3.1, eq. 4): clip the importance weight, not the
+    """CISPO (MiniMax-M1 technical report 2025, Sec. 3.1): clip the importance weight, not the
     update, and keep every token's gradient,
 
         loss_t = -sg[clip(r_t, 1-eps, 1+eps_high)] * A_t * log pi_theta(y_t),   r_t = pi_theta / pi_rollout.
@@ -184,7 +184,7 @@ def clip_cov_loss(
     clip_eps: float, clip_eps_high: float | None = None, clip_cov_ratio: float, clip_cov_lb: float,
     clip_cov_ub: float, generator: torch.Generator | None = None, **_: object,
 ) -> tuple[torch.Tensor, Stats]:
-    """Clip-Cov (Cui et al. 2025, Sec. 4.2, eq. 11; verl's `clip_cov`, their reference code): the
+    """Clip-Cov (Cui et al. 2025, Sec. 4; verl's `clip_cov`, their reference code): the
     PPO clipped surrogate, except that max(1, round_down(ratio * N)) tokens drawn at random among the
     N tokens whose `logp_adv_cov` lies in (lb, ub), and which the PPO clip has not already cut, lose
     their gradient (their loss term is 0):
@@ -209,7 +209,7 @@ def kl_cov_loss(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, *, mask: torch.Tensor,
     kl_cov_ratio: float, kl_cov_coef: float, **_: object,
 ) -> tuple[torch.Tensor, Stats]:
-    """KL-Cov (Cui et al. 2025, Sec. 4.2, eq. 12; verl's `kl_cov`): the unclipped surrogate, plus a
+    """KL-Cov (Cui et al. 2025, Sec. 4; verl's `kl_cov`): the unclipped surrogate, plus a
     KL penalty on the max(1, round_down(ratio * N)) tokens of largest `logp_adv_cov`:
 
         loss_t = -r_t A_t + beta * |log r_t|  if t in I_KL,   -r_t A_t  otherwise   (r_t = pi_theta / pi_rollout).

@@ -31,7 +31,7 @@ def process_scores(
 
 
 def overlong_penalty(lengths: torch.Tensor, cap: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, Sec. 3.4, eq. 13), per response of |y| tokens
+    """DAPO's soft overlong punishment (Yu et al. 2025, Sec. 3.4), per response of |y| tokens
     under a length cap L_max with a buffer of L_cache tokens before it:
 
         R_length(y) = 0                                  if |y| <= L_max - L_cache,
