@@ -463,9 +463,21 @@ def computed_fields(cfg: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
 
 
+HASH_NEUTRAL_AT_DEFAULT = (
+    "ppo.clip_eps_high", "ppo.dual_clip_c", "ppo.adv_normalize_mode", "ppo.critic_gae_lambda", "ppo.dynamic_sampling_tol",
+    "ppo.clip_cov_ratio", "ppo.clip_cov_lb", "ppo.clip_cov_ub", "ppo.kl_cov_ratio", "ppo.kl_cov_coef",
+    "reward.overlong_buffer", "reward.overlong_penalty",
+)
+"""Fields added after runs were stored by their config hash (the tricks after the paper), each with a default
+that computes what runs did before it existed: at that default they are left out of `config_hash`, so a stored
+run (a grid's, the design study's) keeps its hash and is found, not trained again. Set, they count."""
+
+
 def config_hash(cfg: TrainConfig) -> str:
-    """Hash of `computed_fields`."""
-    return hashlib.sha256(json.dumps(computed_fields(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Hash of `computed_fields`, less the HASH_NEUTRAL_AT_DEFAULT fields at their defaults."""
+    flat, default = computed_fields(cfg), flatten(to_dict(TrainConfig()))
+    kept = {k: v for k, v in flat.items() if not (k in HASH_NEUTRAL_AT_DEFAULT and v == default[k])}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def to_yaml(cfg: Any) -> str:

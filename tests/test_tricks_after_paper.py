@@ -4,6 +4,7 @@ any run, naming field, value and what is allowed; and a few tiny end-to-end runs
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from harness.algorithms.losses import (
     POLICY_LOSSES, cispo_loss, clip_bounds, clip_cov_loss, dual_clip, gspo_loss, kl_cov_loss, logp_adv_cov, ppo_loss,
 )
 from harness.algorithms.rewards import overlong_penalty
-from harness.config import ConfigError, load_config
+from harness.config import HASH_NEUTRAL_AT_DEFAULT, ConfigError, config_hash, load_config
 from harness.train import train
 from conftest import fast_overrides
 
@@ -217,6 +218,19 @@ def test_bad_combinations_are_refused_before_any_run(overrides, expected):
 def test_cispo_may_have_no_lower_bound_and_a_narrow_upper_one():
     cfg = load_config(None, ["ppo.policy_loss=cispo", "ppo.clip_eps=1", "ppo.clip_eps_high=0.28"])
     assert (cfg.ppo.clip_eps, cfg.ppo.clip_eps_high) == (1.0, 0.28)
+
+
+def test_the_new_fields_at_their_defaults_keep_every_stored_config_hash():
+    """Stored runs (a grid's, the design study's) are found by config hash: the bases' hashes as of
+    3c21fa3, before the tricks after the paper existed. A field added later with a default that computes
+    what runs did before belongs in HASH_NEUTRAL_AT_DEFAULT; set, it changes the hash."""
+    bases = Path(__file__).resolve().parents[1] / "ablations" / "bases"
+    assert config_hash(load_config(bases / "ppo_max.yaml")) == "d787e26e3f1a9697"
+    assert config_hash(load_config(bases / "vanilla.yaml")) == "6cacd6608dce243d"
+    changed = {config_hash(load_config(bases / "ppo_max.yaml", [f"{k}={v}"])) for k, v in [
+        ("ppo.clip_eps_high", 0.28), ("ppo.dual_clip_c", 3), ("reward.overlong_buffer", 4), ("ppo.kl_cov_coef", 0.5)]}
+    assert len(changed) == 4 and "d787e26e3f1a9697" not in changed
+    assert len(HASH_NEUTRAL_AT_DEFAULT) == len(set(HASH_NEUTRAL_AT_DEFAULT))
 
 
 def test_every_new_loss_is_registered():
