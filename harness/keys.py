@@ -24,6 +24,7 @@ SAMPLED_TOKENS = "response/sampled_tokens"  # response tokens sampled so far (al
 LENGTH_MAX = "response/length_max"
 LENGTH_STD = "response/length_std"  # spread of response lengths in the batch (tokens)
 FRAC_AT_CAP = "response/frac_at_cap"
+GROUPS_KEPT_FRAC = "response/informative_groups_frac"  # DAPO's dynamic sampling (ppo.dynamic_sampling_tol): share of prompt groups whose scores differ (kept); only while on
 
 PG_LOSS = "policy/pg_loss"
 ENTROPY_LOSS = "policy/entropy_loss"
@@ -33,6 +34,10 @@ POLICY_CLIPFRAC = "policy/clipfrac"
 RATIO_MEAN = "policy/ratio_mean"
 RATIO_STD = "policy/ratio_std"
 RATIO_MAX = "policy/ratio_max"
+# Logged only while the trick that has the quantity is on (docs/PAPER.md, "tricks after the paper"):
+POLICY_CLIPFRAC_HIGH = "policy/clipfrac_high"  # clip-higher (ppo.clip_eps_high): fraction of tokens clipped at 1 + clip_eps_high
+POLICY_DUAL_CLIPFRAC = "policy/dual_clipfrac"  # dual-clip (ppo.dual_clip_c): fraction of tokens capped at -c*A
+POLICY_LOGP_ADV_COV = "policy/logp_adv_cov"  # clip_cov / kl_cov: token mean of (log pi - mean)(A - mean), Cui et al. 2025
 
 VF_LOSS = "val/vf_loss"
 VF_CLIPFRAC = "val/clipfrac"
@@ -49,6 +54,7 @@ ADV_RAW_STD = "adv/raw_std"
 
 REWARD_RUNNING_MEAN = "reward/running_mean"
 REWARD_RUNNING_STD = "reward/running_std"
+OVERLONG_PENALTY = "reward/overlong_penalty"  # DAPO's soft overlong punishment (reward.overlong_buffer), batch mean; only while on
 
 GRAD_NORM_POLICY = "optim/grad_norm_policy"  # before clipping, mean over updates this step
 GRAD_NORM_CRITIC = "optim/grad_norm_critic"
@@ -112,9 +118,12 @@ GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
 AUDIT_METRICS = [AUDIT_MEAN, AUDIT_STD, AUDIT_GAP, AUDIT_DISAGREEMENT]
 """Logged at every step by a run with audit reward models (and AUDIT_MEMBER per member)."""
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
+TRICK_METRICS = [POLICY_CLIPFRAC_HIGH, POLICY_DUAL_CLIPFRAC, POLICY_LOGP_ADV_COV, OVERLONG_PENALTY, GROUPS_KEPT_FRAC]
+"""Logged at every step while their trick is on."""
 KNOWN_METRICS = list(dict.fromkeys(
-    STEP_METRICS + GOLD_METRICS + EVAL_METRICS + AUDIT_METRICS
-    + [PPL_TOKENS, GROUP_SIMILARITY, COLLAPSE_STEP, WARNING, WARNING_STEP, ACTION_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
+    STEP_METRICS + GOLD_METRICS + EVAL_METRICS + AUDIT_METRICS + TRICK_METRICS
+    + [PPL_TOKENS, GROUP_SIMILARITY, COLLAPSE_STEP, WARNING, WARNING_STEP, ACTION_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC,
+       RM_TRAIN_LOSS]))
 """Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 
 TAG_SEED = "harness.seed"

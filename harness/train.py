@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import sys
+import textwrap
 import time
 import traceback
 from collections import deque
@@ -19,6 +20,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from . import keys, parallel, prog, provenance, statefile, tracking
+from .algorithms import names
 from .algorithms.estimators import NEEDS_CRITIC
 from .config import (
     ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
@@ -467,7 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=prog("harness.train"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train one PPO / APA / AWR run and log it to MLflow.",
+        description=textwrap.fill(
+            f"Train one RLHF run (policy loss {' / '.join(names.POLICY_LOSSES)}; advantage estimator "
+            f"{' / '.join(names.ADV_ESTIMATORS)}) and log it to MLflow. Every trick of the paper, and the "
+            "tricks after it (docs/PAPER.md), is a config key below.", 100),
         epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + help_text(),
     )
     ap.add_argument("config", nargs="?", help="YAML config file (optional: defaults + --set work alone)")
