@@ -765,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as e:
                 raise ConfigError([f"--summary: {args.summary!r} is not a JSON summary ({type(e).__name__}); allowed: "
                                    "reports/reference.json or an evaluation.json"]) from None
-            ev = ref.get("detector", ref)  # reports/reference.json, or an evaluation.json itself
+            # an evaluation.json itself (its "detector" is the detector's parameters), or reports/reference.json
+            ev = ref if "groups" in ref else ref.get("detector", ref)
             if "groups" not in ev:
                 raise ConfigError([f"--summary {args.summary}: holds no detector evaluation; allowed: reports/reference.json "
                                    "or an evaluation.json written by `python -m analysis.detector evaluate --out DIR`"])

@@ -236,3 +236,21 @@ def test_only_finished_runs_count_and_the_start_is_the_runs_own_early_gold(tmp_p
 
 def test_signals_the_detector_reads_are_logged_by_every_run():
     assert set(BASE_SIGNALS.values()) <= set(K.STEP_METRICS) | {K.PPL_TOKENS}
+
+
+@pytest.mark.parametrize("summary", ["reports/detector/evaluation.json", "reports/detector/audit/evaluation.json",
+                                     "reports/reference.json"])
+def test_committed_evaluations_print_their_held_out_line_and_the_readmes_agree(summary, capsys):
+    """`python -m analysis.detector evaluate --summary FILE` on each committed evaluation (an evaluation.json
+    itself, whose "detector" is the detector's parameters, or reference.json) prints its held-out line, and
+    reports/README.md carries that line."""
+    from pathlib import Path
+
+    from analysis.detector import main
+
+    root = Path(__file__).resolve().parents[1]
+    ref = json.loads((root / summary).read_text())
+    line = (ref if "groups" in ref else ref["detector"])["line"]
+    assert main(["evaluate", "--summary", str(root / summary)]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == line
+    assert f"`{line}`" in (root / "reports" / "README.md").read_text()
