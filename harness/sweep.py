@@ -33,7 +33,6 @@ from pathlib import Path
 from statistics import fmean
 from typing import Annotated, Any, Callable, Literal, get_args, get_origin
 
-import filelock
 import numpy as np
 import optuna
 import sqlalchemy
