@@ -189,15 +189,16 @@ class Watchdog:
         return False
 
 
-def run_task(task: Task) -> Outcome:
-    """Run one task to its end in this process; never raises except KeyboardInterrupt. A worker
-    whose runner died exits once its run has ended KILLED."""
+def run_task(task: Task, work: "TaskWork | None" = None) -> Outcome:
+    """Run one task to its end in this process with `work` (its kind's, `task_kind`); never raises
+    except KeyboardInterrupt. A worker whose runner died exits once its run has ended KILLED."""
     t0, dog = time.time(), Watchdog(task.runner)
+    work = work or task_kind(task.kind)
     uri = (task.world or {}).get("tracking_uri") if task.kind == "world" else (task.cfg.get("logging") or {}).get(
         "tracking_uri")
     try:
         with tracking.resolved_store(uri):  # the runner's store, whatever this process's environment says
-            out = _build_world(task) if task.kind == "world" else _train(task, dog.check)
+            out = work(task, dog.check)
     except KeyboardInterrupt:
         if dog.gone.is_set():  # nobody waits for this outcome: leave
             os._exit(0)
@@ -229,7 +230,7 @@ def _train(task: Task, on_step: Callable[..., bool]) -> Outcome:
                    res.error)
 
 
-def _build_world(task: Task) -> Outcome:
+def _build_world(task: Task, on_step: Callable[..., bool] | None = None) -> Outcome:
     """kind world: build the world of this task; its RM training is the run."""
     from .world import build_world
     from .world.config import world_config_from_dict
@@ -246,6 +247,34 @@ def _build_world(task: Task) -> Outcome:
     runs = find_runs(w["tracking_uri"], w["experiment"], task.tags)  # the run build_world logged, by our tags
     status = runs[-1].info.status if runs and not error else "FAILED"
     return Outcome(task.key, task.label, status, runs[-1].info.run_id if runs else None, error=error)
+
+
+TaskWork = Callable[[Task, Callable[..., bool]], Outcome]
+"""What runs a task of one kind in its worker: (task, on_step) -> its outcome; on_step is the training
+callback that raises KeyboardInterrupt once the runner is gone (Watchdog.check). A module-level function:
+it travels to the worker by reference (pickled by its module and name)."""
+TASK_KINDS: dict[str, TaskWork] = {"train": _train, "world": _build_world}
+"""Task.kind -> its work: harness.train, or a world build (whose reward-model training is the run)."""
+BUILT_IN_KINDS = tuple(TASK_KINDS)
+
+
+def register_task_kind(kind: str, work: TaskWork) -> None:
+    """Make `work` the task kind `kind` in this process (and in the workers it starts, which get it with
+    each task): the test suite's fake tasks, which sleep, fail or log metrics in milliseconds, so that a
+    runner's locks, kill -9 and resume, SIGTERM and dead-run recovery are tested without training. Refused
+    outside the test suite (pytest sets PYTEST_VERSION): a runner trains and builds worlds, nothing else."""
+    if "PYTEST_VERSION" not in os.environ:
+        raise RuntimeError(f"task kind {kind!r}: got a task kind registered outside the test suite; allowed: "
+                           f"the built-in kinds {', '.join(BUILT_IN_KINDS)} (fake kinds: only under pytest)")
+    TASK_KINDS[kind] = work
+
+
+def task_kind(kind: str) -> TaskWork:
+    """The work of a task kind (TASK_KINDS); ValueError naming the kinds known."""
+    try:
+        return TASK_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"task kind: got {kind!r}; allowed: {', '.join(TASK_KINDS)}") from None
 
 
 def find_runs(uri: str, experiment: str, tags: dict[str, str], where: str = "") -> list[Any]:
@@ -532,7 +561,7 @@ class Study:
                 for t in source.take(free) if free > 0 else []:
                     t.parent_run_id, t.runner = t.parent_run_id or self.parent_run_id, runner
                     outcomes[t.key] = Outcome(t.key, t.label, "KILLED", error="interrupted", note="interrupted")
-                    f = ex.submit(run_task, t)
+                    f = ex.submit(run_task, t, task_kind(t.kind))
                     futures[f] = t
                     if f.done():  # --workers 0 ran it already
                         collect(f, futures.pop(f))

@@ -1,8 +1,8 @@
 """Optuna sweeps end to end on the tiny world, with real Optuna (sqlite) and MLflow (sqlite) stores
 in tmp_path: a 4-trial delta x eta sweep read back from both stores and continued; two worker
 processes without a lost or duplicated trial; a NaN trial recorded as failed (and a pruned one);
-a worker process killed for real, whose trial the next run makes up; two sweep processes started
-at once on a fresh store; passwords in the URLs never written anywhere; bad sweep files refused
+a worker process killed for real (its training faked: tests/fakes.py), whose trial the next run makes up;
+passwords in the URLs never written anywhere; bad sweep files refused
 before the first trial.
 
 Trials train 2-step runs on the tiny world (seconds each).
@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,47 +22,14 @@ from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import URL
 
+from fakes import runner_command
+from helpers import DELTA_ETA, write_sweep
+
 from harness import keys as K
 from harness import sweep, tracking
 from harness.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-PPO_MAX = REPO / "ablations" / "bases" / "ppo_max.yaml"
-
-DELTA_ETA = """\
-  reward.clip: {low: 0.1, high: 10.0, log: true}
-  ppo.kl_coef: {low: 0.001, high: 0.5, log: true}
-"""
-
-
-def write_sweep(tmp_path: Path, world: Path, name: str, *, space: str = DELTA_ETA, trials: int = 4,
-                steps: int = 2, extra: str = "", output_dir: bool = True) -> Path:
-    p = tmp_path / f"{name.replace('/', '_')}.yaml"
-    p.write_text(f"""\
-name: {name}
-base: {PPO_MAX}
-set:
-  data.world_dir: {world}
-  data.eval_prompts: 8
-  ppo.rollout_batch_size: 8
-  ppo.num_minibatches: 2
-  ppo.ppo_epochs: 1
-  ppo.critic_pretrain_steps: 0
-  generation.max_new_tokens: 8
-  logging.eval_every: 0
-  logging.sample_every: 0
-  logging.checkpoint_every: 0
-{f"  logging.output_dir: {tmp_path / 'runs'}" if output_dir else "  # logging.output_dir: the default"}
-  logging.progress: false
-steps: {steps}
-trials: {trials}
-sampler: {{name: tpe, seed: 0, n_startup_trials: 2}}
-objective: {{last_steps: 2}}
-search_space:
-{space}{extra}""")
-    return p
-
-
 def uri(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
@@ -77,8 +43,9 @@ def cli(tmp_path: Path, path: Path, *more: str) -> list[str]:
 
 
 def subprocess_sweep(tmp_path: Path, path: Path, *more: str) -> subprocess.Popen:
+    """`python -m harness.sweep` in a process of its own, its training tasks fake (tests/fakes.py)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "harness.sweep", *cli(tmp_path, path, *more)], cwd=tmp_path, env=env,
+    return subprocess.Popen(runner_command("harness.sweep", *cli(tmp_path, path, *more)), cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -316,8 +283,8 @@ def test_nan_trial_is_recorded_failed_and_the_sweep_goes_on(tmp_path, tiny_world
 
 
 @pytest.mark.slow
-def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp_path, tiny_world):
-    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=30)
+def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp_path, tiny_world, fake_training):
+    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=100)  # fake steps: seconds in flight
     proc = subprocess_sweep(tmp_path, path, "--workers", "2")
     victim = None
     while victim is None and proc.poll() is None:
@@ -353,17 +320,6 @@ def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp
     assert again.user_attrs["retry_of"] == victim.number and again.user_attrs["mlflow_run_ids"] == [run.info.run_id]
     train = runs(uri(tmp_path), "kill_sweep")
     assert len(train) == 3 and all(r.info.status == "FINISHED" for r in train)
-
-
-@pytest.mark.slow
-def test_two_sweep_processes_started_at_once_on_a_fresh_store_both_succeed(tmp_path, tiny_world):
-    path = write_sweep(tmp_path, tiny_world, "twin_sweep", trials=2)
-    procs = [subprocess_sweep(tmp_path, path) for _ in range(2)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
-    trials = load_study(tmp_path, "twin_sweep").get_trials()
-    assert len(trials) >= 2 and all(t.state == TrialState.COMPLETE for t in trials)
-    assert len(runs(uri(tmp_path), "twin_sweep", "parent")) == 1
 
 
 @pytest.mark.slow
