@@ -262,16 +262,23 @@ def run_exists(tracking_uri: str, run_id: str) -> bool:
         raise
 
 
-def find_runs(tracking_uri: str, experiment: str, tags: dict[str, str]) -> list[Any]:
-    """The runs of `experiment` carrying every tag of `tags`, newest first ([] without the experiment)."""
+def run_filter(tags: dict[str, str] | None = None, where: str = "") -> str:
+    """The one MLflow filter string of the harness: every tag of `tags` equal (values without quotes), and
+    `where` (e.g. "attributes.status = 'RUNNING'")."""
+    if any("'" in v for v in (tags or {}).values()):
+        raise ValueError(f"find_runs: tag values may not contain quotes: {tags}")
+    return " and ".join([f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()] + ([where] if where else []))
+
+
+def find_runs(tracking_uri: str, experiment: str, tags: dict[str, str] | None = None, where: str = "") -> list[Any]:
+    """The runs of `experiment` carrying every tag of `tags` and matching `where`, oldest first ([] without
+    the experiment)."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    if any("'" in v for v in tags.values()):
-        raise ValueError(f"find_runs: tag values may not contain quotes: {tags}")
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    return list(c.search_runs([exp.experiment_id], query, max_results=50000, order_by=["attributes.start_time DESC"]))
+    runs = c.search_runs([exp.experiment_id], run_filter(tags, where), max_results=50000)
+    return sorted(runs, key=lambda r: r.info.start_time)
 
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:

@@ -33,7 +33,7 @@ from helpers import (
     write_sweep,
 )
 
-from harness import ablate, sweep, tracking
+from harness import ablate, sweep, sweepfile, tracking
 from harness import keys as K
 from harness import train as harness_train
 from harness.config import load_config
@@ -128,7 +128,7 @@ def draws(sampler: optuna.samplers.BaseSampler, n: int, studies: int = 1) -> lis
 
 def test_trial_seeded_sampler_draws_by_trial_number():
     def seeded(make, seed: int = 0):
-        return lambda: sweep.TrialSeeded(make, seed)
+        return lambda: sweepfile.TrialSeeded(make, seed)
 
     def rand(seed):
         return optuna.samplers.RandomSampler(seed=seed)
@@ -201,8 +201,8 @@ def test_two_sweeps_started_at_once_draw_by_trial_number_under_one_parent(tmp_pa
     params = [tuple(sorted(t.params.items())) for t in trials]
     assert len(set(params)) == len(params), f"two trials drew the same values: {params}"
     # trial n draws what the sweep's sampler draws for trial n, whichever runner asked it
-    spec = sweep.load_sweep(path, ["sweep.sampler.name=random"], store_uri(tmp_path))
-    study = optuna.create_study(sampler=sweep.make_sampler(spec))
+    spec = sweepfile.load_sweep(path, ["sweep.sampler.name=random"], store_uri(tmp_path))
+    study = optuna.create_study(sampler=sweepfile.make_sampler(spec))
     for _ in trials:
         t = study.ask()
         for k, d in spec.space.items():

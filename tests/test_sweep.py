@@ -26,7 +26,7 @@ from fakes import runner_command
 from helpers import DELTA_ETA, write_sweep
 
 from harness import keys as K
-from harness import sweep, tracking
+from harness import sweep, sweepfile, sweepstore, tracking, trials
 from harness.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_bad_sweep_files_name_file_field_value_and_allowed(tmp_path):
 """
     path = write_sweep(tmp_path, tmp_path, "bad_sweep", space=bad, extra="first_trials: [{ppo.kl_coef: 0.1}]\n")
     with pytest.raises(ConfigError) as e:  # sweep-level --set overrides go through the same checks
-        sweep.load_sweep(path, ["sweep.objective.metric=objective/gold"])
+        sweepfile.load_sweep(path, ["sweep.objective.metric=objective/gold"])
     msg = str(e.value)
     for expected in [
         "search_space.reward.clip.low: reward.clip: got 0.0; allowed: a number > 0",
@@ -118,7 +118,7 @@ def test_bad_sweep_files_name_file_field_value_and_allowed(tmp_path):
     bad = "  ppo.kl_coef: {low: 0.5, high: 0.001, lg: true}\n  ppo.gae_lambda: {low: 0.0, high: 1.0, log: true}\n"
     path = write_sweep(tmp_path, tmp_path, "../escape", space=bad, extra="pruner: {name: threshold}\n")
     with pytest.raises(ConfigError) as e:
-        sweep.load_sweep(path, ["sweep.sampler=tps"])
+        sweepfile.load_sweep(path, ["sweep.sampler=tps"])
     msg = str(e.value)
     for expected in [
         "name: got '../escape'; allowed: a string matching",  # a folder name: one safe path component
@@ -142,14 +142,14 @@ def test_help_documents_the_file_format_from_the_sections(capsys):
 
 def test_objective_of_a_collapsed_run_is_its_value_at_collapse_minus_the_penalty():
     history = [(s, float(s)) for s in range(1, 21)]  # metric = step
-    obj = sweep.Objective(metric=K.GOLD_SCORE, last_steps=4, collapsed="penalty", collapse_penalty=1.0)
-    assert sweep.score_run(history, obj, "maximize", None) == (18.5, 18.5)  # mean of steps 17-20
-    assert sweep.score_run(history, obj, "maximize", 10) == (8.5 - 1.0, 18.5)  # mean of steps 7-10, minus 1
-    assert sweep.score_run(history, obj, "minimize", 10) == (8.5 + 1.0, 18.5)  # worse = higher
+    obj = sweepfile.Objective(metric=K.GOLD_SCORE, last_steps=4, collapsed="penalty", collapse_penalty=1.0)
+    assert trials.score_run(history, obj, "maximize", None) == (18.5, 18.5)  # mean of steps 17-20
+    assert trials.score_run(history, obj, "maximize", 10) == (8.5 - 1.0, 18.5)  # mean of steps 7-10, minus 1
+    assert trials.score_run(history, obj, "minimize", 10) == (8.5 + 1.0, 18.5)  # worse = higher
     obj.collapsed = "ignore"
-    assert sweep.score_run(history, obj, "maximize", 10) == (18.5, 18.5)
-    with pytest.raises(sweep.TrialFailed, match="never logged"):
-        sweep.score_run([(1, float("nan"))], obj, "maximize", None)
+    assert trials.score_run(history, obj, "maximize", 10) == (18.5, 18.5)
+    with pytest.raises(trials.TrialFailed, match="never logged"):
+        trials.score_run([(1, float("nan"))], obj, "maximize", None)
 
 
 def test_urls_are_masked():
@@ -332,7 +332,7 @@ def test_passwords_in_the_urls_are_written_nowhere(tmp_path, tiny_world, capsys,
     assert "s3cret" not in out.out + out.err and "me:***@" in out.out
     assert b"s3cret" not in (tmp_path / "optuna.db").read_bytes()  # no study or trial attribute holds it
     study = optuna.load_study(study_name="pw_sweep", storage=store)
-    assert study.user_attrs[sweep.ATTR_PARENT_RUNS].keys() == {tracking.replace("s3cret", "***")}
+    assert study.user_attrs[sweepstore.ATTR_PARENT_RUNS].keys() == {tracking.replace("s3cret", "***")}
     all_runs = runs(tracking, "pw_sweep", "parent") + runs(tracking, "pw_sweep")
     # harness.train logs its whole config, logging.tracking_uri too: not the sweep's to mask
     seen = [(r.data.params, r.data.tags) for r in all_runs]
