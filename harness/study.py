@@ -3,10 +3,11 @@ as MLflow child runs of one parent run, executed on one of harness.launch's exec
 from the store alone. `harness.ablate` turns a figure file into tasks, `harness.sweep` an Optuna
 study's ask/tell; this module does the rest for both:
 
-    with Study(uri, experiment, identity, runs_dir=..., exclusive=True) as st:   # the lock
+    with Study(uri, experiment, identity, runs_dir=..., exclusive=True, recover=...) as st:   # the lock
+        done = plan(task, runs, run_dir=...)          # each task against the store: an outcome, or resume/new
         parent = st.parent(create=True, run_name=..., tags=..., params=...)
-        outcomes = st.execute(Tasks(tasks), executor=..., workers=2, progress=Progress(...))
-        st.finish(outcomes, metrics={...})
+        outcomes, interrupted = st.execute(Tasks(tasks), executor=..., workers=2, progress=Progress(...))
+        st.finish("FINISHED", tags={...}, metrics={...})
 
 - The lock beside the store (a sqlite store's file, else the runs folder): a grid's is exclusive
   (a second runner is refused, naming it), a sweep's is shared by every runner of the study. A
