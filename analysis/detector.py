@@ -45,12 +45,17 @@ from analysis.store import distinct_values, provenance_tags
 from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
-from harness.detector import DEFAULT_PARAMS, FEATURES, SIGNALS, DetectorParams, Features, load_params, replay
+from harness.detector import (
+    BASE_FEATURES, BASE_SIGNALS, DEFAULT_PARAMS, FAMILIES, FEATURES, SIGNALS, DetectorParams, Features, family_features,
+    load_params, replay, resolve_params, signals_of,
+)
 from harness.metrics import IndicatorRule, gold_onset
 from harness.schema import ConfigError, parse_value
 from harness.summary import fmt
 
-NEEDED = sorted(set(SIGNALS.values()) | {K.GOLD_SCORE, K.KL, K.PPL, K.APPROX_KL})
+NEEDED = sorted(set(BASE_SIGNALS.values()) | {K.GOLD_SCORE, K.KL, K.PPL, K.APPROX_KL})
+OPTIONAL = sorted(set(SIGNALS.values()) - set(NEEDED))
+"""Signals of the newer families (diversity, audit RMs): read where a run logged them at every step."""
 MIN_FIT_RUNS = 20  # fewer fit runs, or fewer than MIN_EACH of either kind, make no detector
 MIN_EACH = 5
 LEADS = (10, 20, 30)  # steps before the onset labelled collapsing, tried by cross-validation
@@ -96,10 +101,12 @@ def _collapse_cfg(params: dict[str, str]) -> CollapseConfig:
 
 def _load_run(uri: str, run: Any) -> RunData | None:
     rows: dict[int, dict[str, float]] = {}
-    for k in NEEDED:
+    for k in NEEDED + [k for k in OPTIONAL if k in run.data.metrics]:
         for step, v in tracking.metric_history(uri, run.info.run_id, k):
             rows.setdefault(step, {})[k] = v
     rows = {s: m for s, m in sorted(rows.items()) if set(NEEDED) <= set(m)}
+    extra = [k for k in OPTIONAL if all(k in m for m in rows.values())]  # logged at every step, or not used
+    rows = {s: {k: v for k, v in m.items() if k in NEEDED or k in extra} for s, m in rows.items()}
     if len(rows) < 20:
         return None
     p, t = run.data.params, run.data.tags
@@ -126,13 +133,13 @@ def load_runs(uri: str) -> list[RunData]:
 class Split:
     """Which runs a detector is fit on; every other run is held out."""
 
-    world: str
-    """The fit world's hash."""
+    world: str | list[str]
+    """The fit world's hash (or the fit worlds')."""
     files: list[str]
     seeds: list[int]
 
     def group(self, r: RunData, worlds: dict[str, str]) -> str:
-        if r.world != self.world:
+        if r.world not in ([self.world] if isinstance(self.world, str) else self.world):
             return f"held-out world: {worlds.get(r.world, r.world)}"
         if r.ablation not in self.files:
             return "held-out figure files"
@@ -157,52 +164,66 @@ def assign(runs: list[RunData], split: Split) -> list[RunData]:
 
 
 # ------------------------------------------------------------------ features and the fit
-def feature_rows(r: RunData, window: int, baseline_steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, features [n, len(FEATURES)]) of one run, as harness.detector.Features computes them online."""
-    f = Features(window, baseline_steps)
+def feature_rows(r: RunData, window: int, baseline_steps: int,
+                 names: tuple[str, ...] = tuple(FEATURES)) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, features [n, len(names)]) of one run, as harness.detector.Features computes them online."""
+    f = Features(window, baseline_steps, names)
     steps, rows = [], []
     for step, m in r.rows:
         x = f.update(m)
         if x is not None:
             steps.append(step)
-            rows.append([x[k] for k in FEATURES])
-    return np.asarray(steps), np.asarray(rows, dtype=float).reshape(-1, len(FEATURES))
+            rows.append([x[k] for k in names])
+    return np.asarray(steps), np.asarray(rows, dtype=float).reshape(-1, len(names))
 
 
 _FEATS: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _features_of(r: RunData, window: int, baseline_steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _features_of(r: RunData, window: int, baseline_steps: int, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     key = (r.run_id, window, baseline_steps)
-    if key not in _FEATS:
-        _FEATS[key] = feature_rows(r, window, baseline_steps)
-    return _FEATS[key]
+    if key not in _FEATS:  # every feature the run's signals allow, once; a detector reads its columns
+        _FEATS[key] = feature_rows(r, window, baseline_steps, tuple(available_features(r)))
+    steps, x = _FEATS[key]
+    have = available_features(r)
+    return steps, x[:, [have.index(n) for n in names]]
 
 
-def _train(runs: list[RunData], lead: int, window: int, baseline_steps: int) -> tuple[np.ndarray, ...]:
-    """(mean, scale, coef, intercept) of the logistic model on the runs' steps, labelled 1 from `lead`
-    steps before the onset on."""
+def available_features(r: RunData) -> list[str]:
+    """The features whose signals the run logged at every step, in FEATURES order."""
+    logged = set(r.rows[0][1]) if r.rows else set()
+    return [n for n in FEATURES if set(signals_of([n]).values()) <= logged]
+
+
+def has_features(r: RunData, names: tuple[str, ...]) -> bool:
+    return set(names) <= set(available_features(r))
+
+
+def _train(runs: list[RunData], lead: int, window: int, baseline_steps: int,
+           names: tuple[str, ...] = tuple(BASE_FEATURES)) -> tuple:
+    """(mean, scale, coef, intercept, names) of the logistic model of the features `names` on the runs'
+    steps, labelled 1 from `lead` steps before the onset on."""
     from sklearn.linear_model import LogisticRegression
 
     xs, ys = [], []
     for r in runs:
-        steps, x = _features_of(r, window, baseline_steps)
+        steps, x = _features_of(r, window, baseline_steps, names)
         xs.append(x)
         ys.append((steps >= r.onset - lead) if r.fell else np.zeros(len(steps), dtype=bool))
     X, y = np.vstack(xs), np.concatenate(ys)
     mean, scale = X.mean(0), X.std(0)
     scale[scale < 1e-9] = 1.0
     model = LogisticRegression(C=1.0, class_weight="balanced", max_iter=2000).fit((X - mean) / scale, y)
-    return mean, scale, model.coef_[0], float(model.intercept_[0])
+    return mean, scale, model.coef_[0], float(model.intercept_[0]), names
 
 
 def _warnings(runs: list[RunData], model: tuple, window: int, baseline_steps: int, threshold: float,
               patience: int) -> list[int | None]:
     """Each run's warning step under `model` (the scores harness.detector computes, here at once per run)."""
-    mean, scale, coef, b = model
+    mean, scale, coef, b, names = model
     out = []
     for r in runs:
-        steps, x = _features_of(r, window, baseline_steps)
+        steps, x = _features_of(r, window, baseline_steps, names)
         z = np.clip(b + ((x - mean) / scale) @ coef, -60, 60)
         out.append(first_streak(list(zip(steps.tolist(), (1 / (1 + np.exp(-z))).tolist())), threshold, patience))
     return out
@@ -233,7 +254,8 @@ def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]
 
 
 def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], patiences: tuple[int, ...],
-           window: int, baseline_steps: int) -> tuple[int, int, list[dict[str, Any]]]:
+           window: int, baseline_steps: int, names: tuple[str, ...] = tuple(BASE_FEATURES),
+           ) -> tuple[int, int, list[dict[str, Any]]]:
     """(lead, patience) by cross-validation over the fit runs (`cv_folds`: leave one figure file out, or
     folds by configuration for one file; fit and choose the threshold on the rest, warn on the fold): the
     longest median lead among the settings whose pooled out-of-fold false alarms are within fa_target and
@@ -248,7 +270,7 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
                 train, test = [runs[i] for i in train_i], [runs[i] for i in test_i]
                 if sum(r.fell for r in train) < MIN_EACH or sum(not r.fell for r in train) < MIN_EACH:
                     continue
-                model = _train(train, lead, window, baseline_steps)
+                model = _train(train, lead, window, baseline_steps, names)
                 t = _threshold(train, model, window, baseline_steps, patience, fa_target)
                 warns |= dict(zip((r.run_id for r in test), _warnings(test, model, window, baseline_steps, t, patience)))
             scored = [r for r in runs if r.run_id in warns]
@@ -263,7 +285,7 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
 
 def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, ...] = LEADS,
         patiences: tuple[int, ...] = PATIENCES, window: int = 10, baseline_steps: int = 5,
-        provenance: dict[str, Any] | None = None) -> DetectorParams:
+        provenance: dict[str, Any] | None = None, names: tuple[str, ...] = tuple(BASE_FEATURES)) -> DetectorParams:
     """The logistic detector fit on `runs`: its label lead and patience chosen by `select` (cross-validation
     over the runs' figure files, or by configuration), then the model on every run, its threshold the lowest with at most
     `fa_target` false alarms over them."""
@@ -273,10 +295,10 @@ def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, 
                            f"allowed: at least {MIN_FIT_RUNS} runs with at least {MIN_EACH} of each kind (a detector fit "
                            "on fewer says nothing that carries to other runs)"])
     lead, patience, table = select(runs, fa_target=fa_target, leads=leads, patiences=patiences, window=window,
-                                   baseline_steps=baseline_steps)
-    model = _train(runs, lead, window, baseline_steps)
-    mean, scale, coef, b = model
-    params = DetectorParams(features=list(FEATURES), mean=mean.tolist(), scale=scale.tolist(), coef=coef.tolist(),
+                                   baseline_steps=baseline_steps, names=names)
+    model = _train(runs, lead, window, baseline_steps, names)
+    mean, scale, coef, b, _ = model
+    params = DetectorParams(features=list(names), mean=mean.tolist(), scale=scale.tolist(), coef=coef.tolist(),
                             intercept=b, threshold=_threshold(runs, model, window, baseline_steps, patience, fa_target),
                             patience=patience, window=window, baseline_steps=baseline_steps,
                             provenance={**(provenance or {}), "lead": lead, "selection": table,
@@ -424,11 +446,132 @@ def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_
                                      for g in names if g in members and g != "held-out (all)"}}
     for t in THRESHOLDS[::5] + [params.threshold]:
         s = score(held, [warn_step(params, r, t) for r in held])
-        out["curve"].append({"threshold": t, "recall": s["recall"], "fa_rate": s["fa_rate"], "lead_median": s["lead_median"]})
+        out["curve"].append({"threshold": t, **{k: s[k] for k in ("recall", "recall_ci", "fa_rate", "fa_ci",
+                                                                   "lead_median", "lead_ci")}})
     out["curve"].sort(key=lambda c: c["threshold"])
     out["runs"] = [{"run_id": r.run_id, "group": r.group, "ablation": r.ablation, "variant": r.variant, "seed": r.seed,
                     "onset": r.onset, "warning": warns[r.run_id], "last_step": r.last_step} for r in runs]
     return out
+
+
+# ------------------------------------------------------------------ the signal families, ablated
+FAMILY_SETS: dict[str, tuple[str, ...]] = {
+    "base (today's features)": ("base",),
+    "base + diversity": ("base", "diversity"),
+    "base + audit RMs": ("base", "audit"),
+    "base + forecast": ("base", "forecast"),
+    "forecast alone": ("forecast",),
+    "every family": FAMILIES,
+}
+"""The detectors of the ablation: each fit on the same fit runs, scored on the same held-out runs."""
+
+
+def cv_row(params: DetectorParams) -> dict[str, Any]:
+    """The cross-validated row (fit runs only, out of fold) of the lead and patience `fit` chose."""
+    sel = params.provenance["selection"]
+    return next(r for r in sel if r["lead"] == params.provenance["lead"] and r["patience"] == params.patience)
+
+
+def choose_family(results: dict[str, dict[str, Any]], fa_target: float) -> str:
+    """The family set chosen on the fit runs alone (its cross-validated row, never a held-out number): the
+    longest median lead among those within fa_target false alarms and recall at least 0.9, else the best
+    recall minus false alarms. The same rule `select` applies to lead and patience."""
+    rows = {name: r["cv"] for name, r in results.items()}
+    ok = [n for n, r in rows.items() if r["fa_rate"] <= fa_target and r["recall"] >= 0.9]
+    if ok:
+        return max(ok, key=lambda n: (np.nan_to_num(rows[n]["lead_median"], nan=-1e9), rows[n]["recall"]))
+    return max(rows, key=lambda n: np.nan_to_num(rows[n]["recall"] - rows[n]["fa_rate"], nan=-1e9))
+
+
+def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, provenance: dict[str, Any] | None = None,
+                    sets: dict[str, tuple[str, ...]] | None = None) -> dict[str, dict[str, Any]]:
+    """Per family set: the detector fit on the fit runs that log its signals (lead and patience by
+    cross-validation, as `fit`), its cross-validated row, and its evaluation on the held-out runs that
+    log them: every set is scored on the same held-out runs where all of them can be."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, fams in (sets or FAMILY_SETS).items():
+        names = tuple(family_features(fams))
+        usable = [r for r in runs if has_features(r, names)]
+        fit_runs = [r for r in usable if r.group == "fit"]
+        try:
+            params = fit(fit_runs, fa_target=fa_target, provenance=provenance, names=names)
+        except ConfigError as e:
+            out[name] = {"families": list(fams), "error": str(e)}
+            continue
+        out[name] = {"families": list(fams), "params": params, "cv": cv_row(params),
+                     "evaluation": evaluate(usable, params, fa_target)}
+    return out
+
+
+def family_rows(results: dict[str, dict[str, Any]], chosen: str) -> list[list[str]]:
+    """The ablation as a table (header first): per family set its cross-validated numbers on the fit runs
+    and its held-out recall, false alarms and median lead with their intervals."""
+    def iv(x: float, ci: Any) -> str:
+        return f"{fmt(x, 2)} [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]"
+
+    rows = [["signals", "fit runs, cross-validated: recall / false alarms / lead", "held-out runs",
+             "held-out recall [95% CI]", "held-out false alarms [95% CI]", "held-out median lead, steps [95% CI]"]]
+    for name, r in results.items():
+        if "error" in r:
+            rows.append([name, "not fit", "", "", "", ""])
+            continue
+        cv, h = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
+        rows.append([name + (" (chosen)" if name == chosen else ""),
+                     f"{fmt(cv['recall'], 2)} / {fmt(cv['fa_rate'], 2)} / {fmt(cv['lead_median'], 2)}",
+                     f"{h['runs']} ({h['fell']} fell)", iv(h["recall"], h["recall_ci"]), iv(h["fa_rate"], h["fa_ci"]),
+                     iv(h["lead_median"], h["lead_ci"])])
+    return rows
+
+
+def print_families(results: dict[str, dict[str, Any]], chosen: str) -> None:
+    print("signal families, each detector fit on the fit runs and scored on held-out runs it was not fit on:")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"  {name:<26} not fit: {r['error']}")
+            continue
+        cv, held = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
+        mark = "  <- chosen on the fit runs" if name == chosen else ""
+        print(f"  {name:<26} fit runs (cross-validated): recall {fmt(cv['recall'], 2)}, false alarms "
+              f"{fmt(cv['fa_rate'], 2)}, median lead {fmt(cv['lead_median'], 2)}{mark}")
+        print(f"  {'':<26} held-out: {line(held)}")
+
+
+def draw_families(results: dict[str, dict[str, Any]], out: Path) -> list[Path]:
+    """Each family set's operating curve on the held-out runs: median lead and recall against false alarms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in results.items():
+        if "error" in r:
+            continue
+        c = pd.DataFrame(r["evaluation"]["curve"]).sort_values("fa_rate")
+        a.plot(c["fa_rate"], c["lead_median"], "o-", ms=3, label=name)
+        b.plot(c["fa_rate"], c["recall"], "o-", ms=3, label=name)
+        h = r["evaluation"]["groups"]["held-out (all)"]
+        a.plot([h["fa_rate"]], [h["lead_median"]], "k*", ms=9)
+    a.axhline(10, color="grey", ls=":", lw=1)
+    a.axvline(0.1, color="grey", ls=":", lw=1)
+    a.set(xlabel="false-alarm rate (held-out runs whose gold never fell)", ylabel="median lead (steps)",
+          title="lead against false alarms (held-out); * = chosen threshold")
+    b.set(xlabel="false-alarm rate", ylabel="recall (gold falls warned)", ylim=(-0.02, 1.02), title="recall")
+    a.legend(fontsize=7)
+    return save_figure(fig, out, "families")
+
+
+def save_figure(fig: Any, out: Path, stem: str) -> list[Path]:
+    """OUT/STEM.png and .pdf, the figure closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=130)
+    plt.close(fig)
+    return paths
 
 
 def summary_line(ev: dict[str, Any]) -> str:
@@ -480,12 +623,7 @@ def draw(ev: dict[str, Any], out: Path) -> list[Path]:
     b.set_xticks(range(1, len(groups) + 1), [g.replace("held-out ", "") for g in groups], rotation=15, fontsize=7)
     b.axhline(0, color="k", lw=0.8)
     b.set(ylabel="lead = gold onset - warning step", title="lead time of warned gold falls")
-    fig.tight_layout()
-    paths = [out / "detector.png", out / "detector.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=130)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out, "detector")
 
 
 def to_summary(ev: dict[str, Any]) -> dict[str, Any]:
@@ -521,22 +659,31 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m analysis.detector", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("fit", "evaluate"):
-        p = sub.add_parser(name, help="fit a detector, then evaluate it" if name == "fit" else "evaluate a detector")
+    helps = {"fit": "fit a detector, then evaluate it", "evaluate": "evaluate a detector",
+             "families": "the signal families ablated: a detector per family set, fit on the fit runs, scored held out"}
+    for name in ("fit", "evaluate", "families"):
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("--tracking-uri", help="the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else "
                        "sqlite:///mlflow.db)")
         p.add_argument("--summary", metavar="JSON", help="evaluate: print the detector section of a reference "
                        "summary (reports/reference.json) instead of reading a store") if name == "evaluate" else None
         p.add_argument("--params", metavar="FILE", help=f"the detector (default: {DEFAULT_PARAMS.name}, the committed one)"
                        if name == "evaluate" else argparse.SUPPRESS)
-        p.add_argument("--fit-world", metavar="HASH", help="the fit world's hash (default: the detector file's; fit: "
-                       "the world of most runs)")
+        p.add_argument("--fit-world", metavar="HASH", help="the fit world's hash, or several comma-separated (default: "
+                       "the detector file's; fit: the world of most runs)")
         p.add_argument("--fit-files", metavar="LIST", help=f"figure files of the fit runs (default: "
                        f"{','.join(DEFAULT_FIT_FILES)})")
         p.add_argument("--fit-seeds", metavar="LIST", default=None, help="seeds of the fit runs (default: 0-2)")
         p.add_argument("--fa-target", type=float, default=FA_TARGET, help=f"false alarms allowed on the fit runs when "
                        f"a threshold is chosen (default {FA_TARGET})")
         p.add_argument("--out", metavar="DIR", default=str(RESULTS), help=f"figures and JSON (default {RESULTS})")
+        if name == "fit":
+            p.add_argument("--families", default="base", metavar="LIST", help="signal families whose features the "
+                           f"detector reads, of {', '.join(FAMILIES)} (default base: today's features; harness.detector)")
+        if name == "families":
+            p.add_argument("--save", metavar="FILE", help="write the detector of the family set chosen on the fit runs here")
+            p.add_argument("--save-no-audit", metavar="FILE", help="and the one chosen among the sets without the audit "
+                           "RMs' signals (a run without audit RMs) here")
         if name == "fit":
             p.add_argument("--leads", default=",".join(map(str, LEADS)), metavar="LIST", help="steps before the onset "
                            f"labelled as collapsing, tried by cross-validation over the fit runs (default {LEADS})")
@@ -551,7 +698,7 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
     from harness.registry import parse_seeds
 
     stored = (params.provenance.get("split") if params else None) or {}
-    world = args.fit_world or stored.get("world")
+    world = args.fit_world.split(",") if args.fit_world and "," in args.fit_world else args.fit_world or stored.get("world")
     if world is None:
         world = pd.Series([r.world for r in runs]).value_counts().index[0]
     files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
@@ -559,20 +706,80 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
     return Split(world, files, seeds)
 
 
+def _write_params(params: DetectorParams, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(params), indent=1, default=float) + "\n")
+
+
+def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any]) -> int:
+    results = ablate_families(runs, fa_target=args.fa_target, provenance=prov)
+    fitted = {n: r for n, r in results.items() if "error" not in r}
+    if not fitted:
+        raise ConfigError([r["error"] for r in results.values()])
+    chosen = choose_family(fitted, args.fa_target)
+    no_audit = {n: r for n, r in fitted.items() if not {"audit", "forecast"} & set(r["families"])}
+    chosen_no_audit = choose_family(no_audit, args.fa_target) if no_audit else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "fa_target": args.fa_target, "split": prov["split"],
+               "sets": {n: {"families": r["families"], **({"error": r["error"]} if "error" in r else {
+                   "cv": r["cv"], "lead": r["params"].provenance["lead"], "patience": r["params"].patience,
+                   "threshold": r["params"].threshold, "features": r["params"].features,
+                   "evaluation": to_summary(r["evaluation"])})} for n, r in results.items()}}
+    (out / "families.json").write_text(json.dumps(summary, indent=1, default=float, sort_keys=True) + "\n")
+    draw_families(fitted, out)
+    ev = fitted[chosen]["evaluation"]  # the chosen detector's evaluation, as `evaluate --out` writes it, with the ablation
+    params = fitted[chosen]["params"]
+    ev["detector"] = {"file": str(args.save or chosen), "threshold": params.threshold, "patience": params.patience,
+                      "provenance": params.provenance, "families": fitted[chosen]["families"]}
+    ev["families"] = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "rows": family_rows(results, chosen)}
+    (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
+    draw(ev, out)
+    for path, name in ((args.save, chosen), (args.save_no_audit, chosen_no_audit)):
+        if path and name:
+            _write_params(fitted[name]["params"], Path(path))
+            print(f"written {name!r} to {path}")
+    print_families(results, chosen)
+    print(f"chosen on the fit runs: {chosen}" + (f"; without audit RMs: {chosen_no_audit}" if chosen_no_audit else ""))
+    print(summary_line(fitted[chosen]["evaluation"]))
+    return 0
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError([f"{flag}: got {text!r}; allowed: a comma-separated list of whole numbers, e.g. 10,20"]) from None
+    if any(x < 1 for x in out):
+        raise ConfigError([f"{flag}: got {text!r}; allowed: whole numbers >= 1"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "evaluate" and args.summary:
-            ref = json.loads(Path(args.summary).read_text())
+            try:
+                ref = json.loads(Path(args.summary).read_text())
+            except (OSError, ValueError) as e:
+                raise ConfigError([f"--summary: {args.summary!r} is not a JSON summary ({type(e).__name__}); allowed: "
+                                   "reports/reference.json or an evaluation.json"]) from None
             ev = ref.get("detector", ref)  # reports/reference.json, or an evaluation.json itself
             if "groups" not in ev:
                 raise ConfigError([f"--summary {args.summary}: holds no detector evaluation; allowed: reports/reference.json "
                                    "or an evaluation.json written by `python -m analysis.detector evaluate --out DIR`"])
             print_evaluation(ev)
             return 0
+        if args.cmd == "evaluate" and args.summary and not Path(args.summary).is_file():
+            raise ConfigError([f"--summary: got {args.summary!r}; allowed: an existing reports/reference.json or evaluation.json"])
+        leads = _int_list(getattr(args, "leads", None) or ",".join(map(str, LEADS)), "--leads")
+        patiences = _int_list(getattr(args, "patiences", None) or ",".join(map(str, PATIENCES)), "--patiences")
+        families = [f.strip() for f in (getattr(args, "families", None) or "base").split(",") if f.strip()]
+        if bad := [f for f in families if f not in FAMILIES]:
+            raise ConfigError([f"--families: got {','.join(bad)}; allowed: a comma-separated list of {', '.join(FAMILIES)}"])
         params = load_params(args.params) if args.cmd == "evaluate" and args.params else (
-            load_params(DEFAULT_PARAMS) if args.cmd == "evaluate" else None)
+            resolve_params("default") if args.cmd == "evaluate" else None)
         uri = tracking.resolve_uri(args.tracking_uri)
         runs = load_runs(uri)
         if not runs:
@@ -580,21 +787,28 @@ def main(argv: list[str] | None = None) -> int:
                                f"signals; allowed: a store of runs on the embedded world (fit needs gold)"])
         split = _split(args, runs, params)
         runs = assign(runs, split)
+        fit_runs = [r for r in runs if r.group == "fit"]
+        prov = {"commit": tracking.git_commit(), "store": tracking.redact(uri), "split": dataclasses.asdict(split),
+                "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
+                "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
+                "run_commits": sorted({r.commit for r in fit_runs})}
+        if args.cmd == "families":
+            return _families(args, runs, prov)
         if args.cmd == "fit":
-            fit_runs = [r for r in runs if r.group == "fit"]
-            prov = {"commit": tracking.git_commit(), "store": tracking.redact(uri), "split": dataclasses.asdict(split),
-                    "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
-                    "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
-                    "run_commits": sorted({r.commit for r in fit_runs})}
-            params = fit(fit_runs, fa_target=args.fa_target, provenance=prov,
-                         leads=tuple(int(x) for x in args.leads.split(",")),
-                         patiences=tuple(int(x) for x in args.patiences.split(",")))
+            names = tuple(family_features(families))
+            fit_runs = [r for r in fit_runs if has_features(r, names)]
+            params = fit(fit_runs, fa_target=args.fa_target, provenance=prov, leads=leads, patiences=patiences,
+                         names=names)
             save = Path(args.save or Path(args.out) / "detector_params.json")
-            save.parent.mkdir(parents=True, exist_ok=True)
-            save.write_text(json.dumps(dataclasses.asdict(params), indent=1) + "\n")
-            print(f"fit on {len(fit_runs)} runs ({prov['fit_fell']} whose gold fell): lead {params.provenance['lead']}, "
-                  f"patience {params.patience} (cross-validated: {params.provenance['selection'][0]['folds']}), threshold {params.threshold:g}; "
-                  f"written to {save}")
+            _write_params(params, save)
+            print(f"fit on {len(fit_runs)} runs ({sum(r.fell for r in fit_runs)} whose gold fell), features of "
+                  f"{', '.join(families)}: lead {params.provenance['lead']}, patience {params.patience} (cross-validated: "
+                  f"{params.provenance['selection'][0]['folds']}), threshold {params.threshold:g}; written to {save}")
+        kept = [r for r in runs if has_features(r, tuple(params.features))]
+        if len(kept) < len(runs):
+            print(f"note: {len(runs) - len(kept)} runs do not log every signal the detector reads; scored on the other "
+                  f"{len(kept)}")
+        runs = kept
         ev = evaluate(runs, params, args.fa_target)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -18,18 +18,17 @@ import yaml
 from pydantic import AfterValidator, Field
 
 from . import schema
+from .algorithms import names
 from .schema import Batch, Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, Str, Unit, section, to_dict
 from .schema import iter_fields, merge, parse_overrides, parse_value, read_yaml, set_dotted  # noqa: F401 - the code imports them from here
 
 Tokens = Annotated[Int, Field(ge=1, le=1_000_000)]
-# The names of `harness.algorithms.estimators.ADV_ESTIMATORS` and `LOSS_AGGREGATIONS`, written out so
-# that loading a config needs no torch (tests/test_estimators.py checks that they agree).
-AdvEstimator = Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"]
-LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
-NEEDS_CRITIC = frozenset({"gae"})
-"""Estimators that read the critic's values (`harness.algorithms.estimators.NEEDS_CRITIC`, written out likewise)."""
-NEEDS_GROUPS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"})
-"""Estimators that compare the samples of one prompt (`harness.algorithms.estimators.NEEDS_GROUPS`)."""
+# The registries' names, read without torch (`harness.algorithms.names`): registering an estimator or a
+# policy loss in its module is all it takes for the config to allow it.
+AdvEstimator = Literal[names.ADV_ESTIMATORS]  # type: ignore[valid-type]
+LossAggregation = Literal[names.LOSS_AGGREGATIONS]  # type: ignore[valid-type]
+PolicyLoss = Literal[names.POLICY_LOSSES]  # type: ignore[valid-type]
+NEEDS_CRITIC, NEEDS_GROUPS = names.NEEDS_CRITIC, names.NEEDS_GROUPS
 
 
 def _checked(ok: Any, allowed: str) -> Any:
@@ -77,6 +76,8 @@ class ModelConfig:
     """Critic start (trick 8): `reward` = reward-model trunk and head applied per token (PPO-max); `sft` = SFT trunk with a fresh random head; `random` = SFT architecture with random weights."""
     autocast: Literal["none", "bf16"] = "none"
     """Mixed precision for forward passes: `bf16` autocast (CPUs with avx512_bf16, GPUs); losses and optimizer state stay fp32."""
+    audit_reward_paths: Literal["auto", "world", "none"] | list[PathStr] = "auto"
+    """Audit reward models scored on every training sample as a second opinion on the reward (never trained on; logged as audit/*, read by the early warning; each costs about one reward-model forward a step): a list of reward-model paths (HF names or local dirs, one scalar label, the policy's vocabulary), `none`, `world` = the embedded world's own 3 audit RMs, built beside it on first use (each on fresh preference pairs the reward model never saw; harness.world.audit; ~2 CPU minutes once), or `auto` = those where already built (`python -m harness.world build --audit-rms 3`), else none."""
 
 
 @section
@@ -136,15 +137,21 @@ class PPOConfig:
     gamma: Unit = 1.0
     """GAE discount; the reference code uses 1."""
     gae_lambda: Unit = 0.95
-    """GAE lambda (trick 10): 0 = one-step TD, 1 = Monte-Carlo returns. Paper figures use 0.9 unless varied (Fig. 19)."""
+    """GAE lambda (trick 10): 0 = one-step TD, 1 = Monte-Carlo returns. Paper figures use 0.9 unless varied (Fig. 19). With critic_gae_lambda set, the policy's advantages only."""
+    critic_gae_lambda: Unit | None = None
+    """Decoupled GAE (VAPO, Yue et al. 2025, Sec. 4.1): the critic's targets use this lambda (VAPO: 1.0, unbiased returns for the value), the policy's advantages gae_lambda (VAPO: 0.95 or less, lower variance); null = gae_lambda for both. adv_estimator=gae only."""
     clip_eps: Annotated[Float, Field(gt=0, le=1)] | None = 0.2
-    """Clipped surrogate epsilon (trick 11); null = unclipped ratio * advantage."""
+    """Clipped surrogate epsilon (trick 11), the lower range 1 - clip_eps (verl's clip_ratio_low); null = unclipped ratio * advantage."""
+    clip_eps_high: Annotated[Float, Field(gt=0, le=10)] | None = None
+    """Clip-higher (DAPO, Yu et al. 2025, Sec. 3.1; verl's clip_ratio_high): the upper range, ratio clipped to [1 - clip_eps, 1 + clip_eps_high] (DAPO: 0.2 / 0.28); null = clip_eps (PPO's symmetric clip). At least clip_eps, except with cispo (whose weights usually have no lower bound: clip_eps 1). Also the upper range of gspo, cispo and clip_cov. Logs policy/clipfrac_high."""
+    dual_clip_c: Annotated[Float, Field(gt=1, le=1000)] | None = None
+    """Dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, ROLL's dual_clip_loss): for negative advantages the loss is capped at -c*A (c > 1; verl's default 3), so a huge ratio cannot blow one token's loss up; null = off. policy_loss=ppo only. Logs policy/dual_clipfrac."""
     value_clip: Pos | None = 0.2
     """Value-loss clipping delta_vf (trick 7): 0.5*max((V-R)^2, (clip(V, V_old+-delta_vf)-R)^2); null = plain 0.5*(V-R)^2."""
     max_grad_norm: NonNeg = 1.0
     """Global gradient clipping (trick 12), per model; 0 = off. The norm before clipping is logged either way."""
-    policy_loss: Literal["ppo", "apa", "awr"] = "ppo"
-    """Policy objective: `ppo` clipped surrogate; `apa` squared error to pi_init*exp(A/apa_lambda); `awr` advantage-weighted regression."""
+    policy_loss: PolicyLoss = "ppo"
+    """Policy objective (`harness.algorithms.losses`): `ppo` clipped surrogate; `apa` squared error to pi_init*exp(A/apa_lambda); `awr` advantage-weighted regression; `gspo` one length-normalised sequence ratio per response and its clip (GSPO, needs loss_aggregation=seq_mean_token_mean); `cispo` clipped, stop-gradient importance weights times log pi, every token's gradient kept (MiniMax-M1); `clip_cov` / `kl_cov` the surrogate with the gradient of a few high-covariance tokens cut, or KL-penalised (Cui et al. 2025). gspo, cispo, clip_cov and kl_cov use the rollout ratio (importance_sampling=rollout)."""
     importance_sampling: Literal["rollout", "reference", "off"] = "rollout"
     """For policy_loss=ppo (trick 2, Fig. 7). `rollout`: standard PPO, ratio = pi_theta/pi_rollout (clipped by clip_eps), every variant's baseline. `reference`: the paper's importance sampling (Sec. 5.3.2): the behaviour distribution is fixed to the reference (SFT) model, ratio = pi_theta/pi_ref with the clip around it ("an infinite experience buffer"). `off`: no ratio, the plain policy gradient -A*log pi_theta (every epoch's data treated as freshly sampled)."""
     apa_lambda: Pos = 0.1
@@ -153,8 +160,22 @@ class PPOConfig:
     """AWR temperature: loss = -mean(log pi * exp(A/beta))."""
     awr_max_weight: Pos | None = None
     """Clip AWR weights exp(A/beta) to at most this (null = unclipped, as the reference code)."""
+    dynamic_sampling_tol: NonNeg | None = None
+    """DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2) for the group estimators: a prompt group whose G raw reward-model scores span at most this (max - min) is dropped from the update (its tokens leave every loss); null = off. DAPO refills the batch by sampling more prompts; here the batch shrinks instead (a minibatch left empty is skipped; a batch with no informative group at all is kept whole, so that every step updates and logs). Logs response/informative_groups_frac."""
+    clip_cov_ratio: Annotated[Float, Field(gt=0, le=1)] = 0.0002
+    """Clip-Cov (policy_loss=clip_cov): the fraction of response tokens whose gradient is cut (at least one per micro-batch), drawn among those with covariance in (clip_cov_lb, clip_cov_ub) (Cui et al. 2025: 2e-4)."""
+    clip_cov_lb: Float = 1.0
+    """Clip-Cov: lower covariance bound of the tokens it may cut (Cui et al. / verl: 1)."""
+    clip_cov_ub: Float = 5.0
+    """Clip-Cov: upper covariance bound (Cui et al. / verl: 5); above clip_cov_lb."""
+    kl_cov_ratio: Annotated[Float, Field(gt=0, le=1)] = 0.002
+    """KL-Cov (policy_loss=kl_cov): the fraction of response tokens of largest covariance that get the KL penalty (at least one per micro-batch; Cui et al. 2025: 2e-3)."""
+    kl_cov_coef: NonNeg = 1.0
+    """KL-Cov: beta, the weight of |log pi_theta - log pi_rollout| on those tokens (Cui et al. / verl: 1)."""
     adv_normalize: Bool = True
-    """Advantage normalization (trick 6): masked whitening per minibatch."""
+    """Advantage normalization (trick 6), as adv_normalize_mode says; false = the estimator's own scale."""
+    adv_normalize_mode: Literal["minibatch", "group_mean_batch_std"] = "minibatch"
+    """How adv_normalize normalizes: `minibatch` = masked whitening per minibatch (the paper's trick 6); `group_mean_batch_std` = LitePPO's (Liu et al. 2025, "Tricks or Traps?", Sec. 4.1): once per rollout batch, each response's advantage minus its prompt group's mean, over the whole batch's standard deviation (needs generation.samples_per_prompt >= 2). LitePPO = this with loss_aggregation=token_mean."""
     adv_clip: Pos | None = None
     """Advantage clipping delta_a: clamp to +-delta_a after normalization (null = off)."""
     kl_coef: NonNeg = 0.05
@@ -178,7 +199,7 @@ class PPOConfig:
     ptx_batch_size: Batch = 16
     """SFT sequences per PPO-ptx minibatch."""
     critic_pretrain_steps: Count = 0
-    """Critic pretraining (trick 8): this many rollout steps updating only the critic, policy frozen, before PPO starts."""
+    """Critic pretraining (trick 8): this many rollout steps updating only the critic, policy frozen, before PPO starts. It is also VAPO's value pretraining / critic warm-up (Yue et al. 2025, Sec. 4.1: 50 steps, with critic_gae_lambda=1)."""
     reuse_rollout_logprobs: Bool = False
     """Take old log-probs from the sampling pass instead of a separate forward (faster; ratios then differ from 1 by the KV-cache round-off)."""
 
@@ -191,6 +212,10 @@ class RewardConfig:
     """Reward normalization (trick 5): (r - running mean) / running std. Independent of `scale` (the reference code's quirk that normalization needs scaling is not copied)."""
     clip: Pos | None = 0.8
     """Reward clipping delta_r: clamp the processed score to +-delta (null = off; 0 is refused, since it would zero every reward)."""
+    overlong_buffer: Count = 0
+    """DAPO's soft overlong punishment (Yu et al. 2025, Sec. 3.4): in the last overlong_buffer tokens before generation.max_new_tokens, a penalty growing linearly from 0 to -overlong_penalty is added to the processed score (after normalization and clipping); 0 = off. Logs reward/overlong_penalty."""
+    overlong_penalty: Pos = 1.0
+    """The overlong punishment at the cap (DAPO: 1; verl's overlong_buffer.penalty_factor)."""
     running_stats_init: Count = 0
     """Rollout batches scored before PPO starts only to seed the running statistics (0 = stats start empty)."""
 
@@ -241,6 +266,14 @@ class CollapseConfig:
     """The detector's threshold instead of the file's (another point of its operating curve: lower warns earlier and more often)."""
     stop_on_collapse: Bool = False
     """End training once the run is marked collapsed (status FINISHED, tag harness.collapsed=true): on the world `confirm - 1` steps after the gold onset, without gold at the warning."""
+    on_warning: Literal["none", "stop", "raise_kl", "rollback"] = "none"
+    """What the trainer does once, on the step the detector warns (never on the gold truth, which a real run does not have): `none`; `stop` = end the run there (its last policy is the one before the fall); `raise_kl` = eta becomes max(eta * warning_kl_factor, warning_kl_min) in place; `rollback` = policy, critic, optimizers and reward statistics back to the snapshot taken at least rollback_steps steps before, then raise_kl. Tag harness.warning_action, metric collapse/action_step (measured on held-out runs: bench/RESULTS.md)."""
+    warning_kl_factor: Annotated[Float, Field(ge=1, le=1000)] = 2.0
+    """raise_kl / rollback: the KL coefficient is multiplied by this..."""
+    warning_kl_min: Annotated[Float, Field(ge=0, le=100)] = 0.05
+    """...and is at least this (a run without a KL penalty gets one)."""
+    rollback_steps: Annotated[Int, Field(ge=1, le=100_000)] = 10
+    """rollback: snapshots of the trainer every this many steps; the warning restores the one at least this far back (two kept in memory)."""
 
 
 @section
@@ -318,6 +351,13 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
                      "(DeepSpeed's stage-0 mixed-precision wrapper takes an extra AdamW step at start-up; stage 1 costs nothing extra)")
         if d.offload_optimizer and d.zero_stage == 0:
             p.append("distributed.offload_optimizer: got true with zero_stage=0; allowed: only with zero_stage 1, 2 or 3")
+    if cfg.model.audit_reward_paths == "world" and cfg.data.source != "world":
+        p.append(f"model.audit_reward_paths: got 'world' with data.source={cfg.data.source!r}; allowed: auto, none or "
+                 "a list of reward-model paths (the world's audit RMs exist only on the embedded world)")
+    c = cfg.collapse
+    if c.on_warning != "none" and (not c.enabled or c.detector == "off"):
+        p.append(f"collapse.on_warning: got {c.on_warning!r} with collapse.enabled={c.enabled} and collapse.detector="
+                 f"{c.detector!r}; allowed: none (an action needs the warning detector on)")
     G, est = cfg.generation.samples_per_prompt, ppo.adv_estimator
     if est in NEEDS_GROUPS and G < 2:
         p.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "
@@ -325,6 +365,7 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
     if est not in NEEDS_CRITIC and ppo.critic_pretrain_steps:
         p.append(f"ppo.critic_pretrain_steps: got {ppo.critic_pretrain_steps} with ppo.adv_estimator={est}; "
                  "allowed: 0 (a critic-free estimator builds no critic)")
+    p += _trick_checks(cfg)
     if cfg.ppo.rollout_batch_size % cfg.ppo.num_minibatches:
         p.append(f"ppo.num_minibatches: got {cfg.ppo.num_minibatches}; allowed: a divisor of "
                  f"ppo.rollout_batch_size={cfg.ppo.rollout_batch_size}")
@@ -346,6 +387,62 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
     blocker = _file_in_the_way(Path(cfg.logging.output_dir))
     if blocker is not None:
         p.append(f"logging.output_dir: got {cfg.logging.output_dir!r}; allowed: a directory, but {str(blocker)!r} is a file")
+    return p
+
+
+def _takes(param: str) -> list[str]:
+    """The policy losses that take keyword `param` (read from their registration, `names.POLICY_LOSS_INPUTS`)."""
+    return [n for n, args in names.POLICY_LOSS_INPUTS.items() if param in args]
+
+
+def _trick_checks(cfg: TrainConfig) -> list[str]:
+    """The rules of the tricks after the paper (docs/PAPER.md): a setting that the chosen loss,
+    estimator or grouping would silently ignore, or that makes no sense with another, is refused."""
+    p: list[str] = []
+    ppo, G = cfg.ppo, cfg.generation.samples_per_prompt
+    loss, clip_losses = ppo.policy_loss, _takes("clip_eps_high")
+    if ppo.clip_eps_high is not None:
+        if loss not in clip_losses:
+            p.append(f"ppo.clip_eps_high: got {ppo.clip_eps_high} with ppo.policy_loss={loss}; allowed: null "
+                     f"(only {', '.join(clip_losses)} clip a ratio)")
+        elif ppo.clip_eps is None:
+            p.append(f"ppo.clip_eps_high: got {ppo.clip_eps_high} with ppo.clip_eps=null; allowed: null "
+                     "(clip-higher widens the upper side of a clip: set ppo.clip_eps, the lower range)")
+        elif ppo.clip_eps_high < ppo.clip_eps and loss != "cispo":  # CISPO bounds a weight: no lower bound (clip_eps 1) is its usual setting
+            p.append(f"ppo.clip_eps_high: got {ppo.clip_eps_high} with ppo.clip_eps={ppo.clip_eps}; allowed: null or a number "
+                     f">= ppo.clip_eps={ppo.clip_eps} (a lower clip range above the upper one is not clip-higher)")
+    if ppo.dual_clip_c is not None and (loss not in _takes("dual_clip_c") or ppo.importance_sampling == "off"):
+        p.append(f"ppo.dual_clip_c: got {ppo.dual_clip_c} with ppo.policy_loss={loss}, ppo.importance_sampling="
+                 f"{ppo.importance_sampling}; allowed: null (dual-clip bounds a ratio's surrogate: policy_loss "
+                 f"{', '.join(_takes('dual_clip_c'))} with importance_sampling rollout or reference)")
+    if loss in clip_losses and loss not in _takes("importance_sampling") and ppo.importance_sampling != "rollout":
+        p.append(f"ppo.importance_sampling: got {ppo.importance_sampling!r} with ppo.policy_loss={loss}; allowed: 'rollout' "
+                 "(its ratio is pi_theta / pi_rollout)")
+    if loss in clip_losses and loss not in _takes("importance_sampling") and ppo.clip_eps is None:
+        p.append(f"ppo.clip_eps: got null with ppo.policy_loss={loss}; allowed: a number > 0 and <= 1 (its ratio is clipped)")
+    if loss == "gspo" and ppo.loss_aggregation != "seq_mean_token_mean":
+        p.append(f"ppo.loss_aggregation: got {ppo.loss_aggregation!r} with ppo.policy_loss=gspo; allowed: 'seq_mean_token_mean' "
+                 "(GSPO's ratio is one per response: a token-level aggregation weighs each response by its length)")
+    if ppo.adv_normalize_mode == "group_mean_batch_std":
+        if not ppo.adv_normalize:
+            p.append("ppo.adv_normalize_mode: got 'group_mean_batch_std' with ppo.adv_normalize=false; allowed: 'minibatch' "
+                     "(the mode of a normalization that is off), or set ppo.adv_normalize=true")
+        elif G < 2:
+            p.append(f"ppo.adv_normalize_mode: got 'group_mean_batch_std' with generation.samples_per_prompt={G}; allowed: "
+                     "'minibatch' (a group mean needs groups: set generation.samples_per_prompt >= 2)")
+    if ppo.dynamic_sampling_tol is not None and ppo.adv_estimator not in NEEDS_GROUPS:
+        p.append(f"ppo.dynamic_sampling_tol: got {ppo.dynamic_sampling_tol} with ppo.adv_estimator={ppo.adv_estimator}; "
+                 f"allowed: null (it drops prompt groups: one of {', '.join(sorted(NEEDS_GROUPS))})")
+    if ppo.critic_gae_lambda is not None and ppo.adv_estimator not in NEEDS_CRITIC:
+        p.append(f"ppo.critic_gae_lambda: got {ppo.critic_gae_lambda} with ppo.adv_estimator={ppo.adv_estimator}; "
+                 f"allowed: null (only {', '.join(sorted(NEEDS_CRITIC))} trains a critic)")
+    cap, buf = cfg.generation.max_new_tokens, cfg.reward.overlong_buffer
+    if buf > cap:
+        p.append(f"reward.overlong_buffer: got {buf} with generation.max_new_tokens={cap}; allowed: 0 to {cap} "
+                 "(the buffer lies before the length cap)")
+    if ppo.clip_cov_lb >= ppo.clip_cov_ub:
+        p.append(f"ppo.clip_cov_lb: got {ppo.clip_cov_lb} with ppo.clip_cov_ub={ppo.clip_cov_ub}; allowed: a number "
+                 f"below ppo.clip_cov_ub (the covariance band Clip-Cov draws from)")
     return p
 
 
@@ -383,9 +480,24 @@ def computed_fields(cfg: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(BOOKKEEPING)}
 
 
+HASH_NEUTRAL_AT_DEFAULT = (
+    "ppo.clip_eps_high", "ppo.dual_clip_c", "ppo.adv_normalize_mode", "ppo.critic_gae_lambda", "ppo.dynamic_sampling_tol",
+    "ppo.clip_cov_ratio", "ppo.clip_cov_lb", "ppo.clip_cov_ub", "ppo.kl_cov_ratio", "ppo.kl_cov_coef",
+    "reward.overlong_buffer", "reward.overlong_penalty",
+    "model.audit_reward_paths", "collapse.on_warning", "collapse.warning_kl_factor", "collapse.warning_kl_min",
+    "collapse.rollback_steps",
+)
+"""Fields added after runs were stored by their config hash (the tricks after the paper, the audit reward models
+and the actions on a warning), each with a default
+that computes what runs did before it existed: at that default they are left out of `config_hash`, so a stored
+run (a grid's, the design study's) keeps its hash and is found, not trained again. Set, they count."""
+
+
 def config_hash(cfg: TrainConfig) -> str:
-    """Hash of `computed_fields`."""
-    return hashlib.sha256(json.dumps(computed_fields(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Hash of `computed_fields`, less the HASH_NEUTRAL_AT_DEFAULT fields at their defaults."""
+    flat, default = computed_fields(cfg), flatten(to_dict(TrainConfig()))
+    kept = {k: v for k, v in flat.items() if not (k in HASH_NEUTRAL_AT_DEFAULT and v == default[k])}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def to_yaml(cfg: Any) -> str:

@@ -31,7 +31,7 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Iterable
+from typing import Annotated, Any, Callable, Iterable
 
 from pydantic import Field
 
@@ -39,11 +39,17 @@ from . import keys as K
 from .schema import ConfigError, Float, PosCount, Unit, section, validate
 
 DEFAULT_PARAMS = Path(__file__).with_name("detector_params.json")
-"""The committed detector (`collapse.detector: default`)."""
-SIGNALS = {"kl": K.KL_K3, "entropy": K.ENTROPY, "ppl": K.PPL_TOKENS, "ppl_ref": K.PPL_REF, "length": K.LENGTH,
-           "length_std": K.LENGTH_STD, "cap": K.FRAC_AT_CAP, "rm": K.RM_SCORE, "rm_std": K.RM_SCORE_STD,
-           "clipfrac": K.POLICY_CLIPFRAC}
-"""The logged metrics the features read (short name -> metric key): all logged by every run."""
+"""The committed detector (`collapse.detector: default`) of a run with audit reward models."""
+DEFAULT_PARAMS_NO_AUDIT = Path(__file__).with_name("detector_params_no_audit.json")
+"""The committed detector of a run without them (`default` picks by what the run logs)."""
+BASE_SIGNALS = {"kl": K.KL_K3, "entropy": K.ENTROPY, "ppl": K.PPL_TOKENS, "ppl_ref": K.PPL_REF, "length": K.LENGTH,
+                "length_std": K.LENGTH_STD, "cap": K.FRAC_AT_CAP, "rm": K.RM_SCORE, "rm_std": K.RM_SCORE_STD,
+                "clipfrac": K.POLICY_CLIPFRAC}
+"""The logged metrics today's features read (short name -> metric key): logged by every run."""
+SIGNALS = {**BASE_SIGNALS, "distinct_1": K.DISTINCT_1, "distinct_2": K.DISTINCT_2, "repeated": K.REPEATED_2GRAM,
+           "audit": K.AUDIT_MEAN, "audit_std": K.AUDIT_STD, "audit_dis": K.AUDIT_DISAGREEMENT}
+"""Every signal a feature may read: the base ones, the samples' diversity (every run, harness.signals) and
+the audit reward models' (runs with model.audit_reward_paths)."""
 EPS = 1e-6
 
 
@@ -51,57 +57,161 @@ def _log_ratio(a: float, b: float) -> float:
     return math.log(max(a, EPS) / max(b, EPS))
 
 
-FEATURES = {
-    "kl": lambda s, b, old: s["kl"] / max(b["entropy"], EPS),
-    "kl_growth": lambda s, b, old: (s["kl"] - old) / max(b["entropy"], EPS),
-    "ppl": lambda s, b, old: _log_ratio(s["ppl"], b["ppl"]),
-    "ppl_ref": lambda s, b, old: _log_ratio(s["ppl_ref"], b["ppl_ref"]),
-    "entropy": lambda s, b, old: _log_ratio(s["entropy"], b["entropy"]),
-    "length": lambda s, b, old: _log_ratio(s["length"], b["length"]),
-    "length_cv": lambda s, b, old: _log_ratio(s["length_std"] / max(s["length"], EPS),
-                                              b["length_std"] / max(b["length"], EPS)),
-    "cap": lambda s, b, old: s["cap"],
-    "rm_gain": lambda s, b, old: (s["rm"] - b["rm"]) / max(b["rm_std"], EPS),
-    "rm_spread": lambda s, b, old: _log_ratio(s["rm_std"], b["rm_std"]),
-    "clipfrac": lambda s, b, old: s["clipfrac"],
+@dataclass(frozen=True)
+class Feature:
+    family: str
+    """base | diversity | audit | forecast: the signal family it belongs to (the ablation's unit)."""
+    signals: tuple[str, ...]
+    """The SIGNALS it reads."""
+    fn: Callable[[dict[str, float], dict[str, float], dict[str, float]], float]
+    """f(smoothed signals now, the start's signals, the smoothed signals `window` steps ago)."""
+
+
+_BASE = ("kl", "entropy", "ppl", "ppl_ref", "length", "length_std", "cap", "rm", "rm_std", "clipfrac")
+FEATURES: dict[str, Feature] = {
+    "kl": Feature("base", ("kl", "entropy"), lambda s, b, old: s["kl"] / max(b["entropy"], EPS)),
+    "kl_growth": Feature("base", ("kl", "entropy"), lambda s, b, old: (s["kl"] - old["kl"]) / max(b["entropy"], EPS)),
+    "ppl": Feature("base", ("ppl",), lambda s, b, old: _log_ratio(s["ppl"], b["ppl"])),
+    "ppl_ref": Feature("base", ("ppl_ref",), lambda s, b, old: _log_ratio(s["ppl_ref"], b["ppl_ref"])),
+    "entropy": Feature("base", ("entropy",), lambda s, b, old: _log_ratio(s["entropy"], b["entropy"])),
+    "length": Feature("base", ("length",), lambda s, b, old: _log_ratio(s["length"], b["length"])),
+    "length_cv": Feature("base", ("length", "length_std"), lambda s, b, old: _log_ratio(
+        s["length_std"] / max(s["length"], EPS), b["length_std"] / max(b["length"], EPS))),
+    "cap": Feature("base", ("cap",), lambda s, b, old: s["cap"]),
+    "rm_gain": Feature("base", ("rm", "rm_std"), lambda s, b, old: (s["rm"] - b["rm"]) / max(b["rm_std"], EPS)),
+    "rm_spread": Feature("base", ("rm_std",), lambda s, b, old: _log_ratio(s["rm_std"], b["rm_std"])),
+    "clipfrac": Feature("base", ("clipfrac",), lambda s, b, old: s["clipfrac"]),
+    # what the samples look like: repetition is what pattern collapse is made of
+    "distinct_1": Feature("diversity", ("distinct_1",), lambda s, b, old: _log_ratio(s["distinct_1"], b["distinct_1"])),
+    "distinct_2": Feature("diversity", ("distinct_2",), lambda s, b, old: _log_ratio(s["distinct_2"], b["distinct_2"])),
+    "repetition": Feature("diversity", ("repeated",), lambda s, b, old: s["repeated"] - b["repeated"]),
+    "repetition_growth": Feature("diversity", ("repeated",), lambda s, b, old: s["repeated"] - old["repeated"]),
+    # a second opinion on the reward: held-out RMs stop rising (or fall) while the proxy climbs
+    "audit_gain": Feature("audit", ("audit", "audit_std"),
+                          lambda s, b, old: (s["audit"] - b["audit"]) / max(b["audit_std"], EPS)),
+    "audit_slope": Feature("audit", ("audit", "audit_std"),
+                           lambda s, b, old: (s["audit"] - old["audit"]) / max(b["audit_std"], EPS)),
+    "audit_gap": Feature("audit", ("audit", "audit_std", "rm", "rm_std"), lambda s, b, old:
+                         (s["rm"] - b["rm"]) / max(b["rm_std"], EPS) - (s["audit"] - b["audit"]) / max(b["audit_std"], EPS)),
+    "audit_disagreement": Feature("audit", ("audit_dis",), lambda s, b, old: _log_ratio(s["audit_dis"], b["audit_dis"])),
+    # a forecast: where the held-out reward peaks against sqrt(KL) (Gao et al. 2022), fit online (GaoFit)
+    "audit_peak": Feature("forecast", ("audit", "audit_std", "kl", "length"), lambda s, b, old: 0.0),
 }
-"""Feature name -> f(smoothed signals now, the start's signals, the smoothed KL `window` steps ago)."""
+"""Feature name -> its family, the signals it reads and how (every one relative to the run's own start)."""
+FAMILIES = ("base", "diversity", "audit", "forecast")
+BASE_FEATURES = [n for n, f in FEATURES.items() if f.family == "base"]
+"""Today's features (a detector file written before the new families names only these)."""
+
+
+def family_features(families: Iterable[str]) -> list[str]:
+    """The features of these families, in FEATURES order."""
+    fams = set(families)
+    return [n for n, f in FEATURES.items() if f.family in fams]
+
+
+def signals_of(features: Iterable[str]) -> dict[str, str]:
+    """short name -> metric key of every signal these features read."""
+    return {s: SIGNALS[s] for n in features for s in FEATURES[n].signals}
+
+
+class GaoFit:
+    """The held-out reward against d = sqrt(KL to the start), fit online in Gao et al.'s (2022) RL form
+
+        R(d) - R(0) = d (alpha - beta ln d)       peak at d* = exp(alpha / beta - 1) when beta > 0
+
+    by least squares over the steps so far (two running sums per product: O(1) a step). The feature is
+    d_t / d* (clipped to [0, CAP]): 1 = the fitted peak of the held-out reward is reached now; 0 = no
+    peak in sight (beta <= 0, or fewer than `min_points` steps). KL here is the sequence's: the mean
+    per-token k3 times the mean length, both smoothed; R is the audit RMs' mean in the start's spreads."""
+
+    CAP = 5.0
+
+    def __init__(self, min_points: int = 10):
+        self.min_points = min_points
+        self.sums = [0.0] * 5  # uu, uv, vv, uy, vy with u = d, v = -d ln d
+        self.n = 0
+
+    def update(self, d: float, y: float) -> float:
+        u = d
+        v = -d * math.log(d) if d > 0 else 0.0
+        for i, x in enumerate((u * u, u * v, v * v, u * y, v * y)):
+            self.sums[i] += x
+        self.n += 1
+        return self.ratio(d)
+
+    def coefficients(self) -> tuple[float, float] | None:
+        uu, uv, vv, uy, vy = self.sums
+        det = uu * vv - uv * uv
+        if self.n < self.min_points or abs(det) <= 1e-12 * max(uu * vv, 1e-300):
+            return None
+        return (uy * vv - vy * uv) / det, (vy * uu - uy * uv) / det
+
+    def peak(self) -> float | None:
+        """d* (None: no peak: too few points, or beta <= 0)."""
+        c = self.coefficients()
+        if c is None or c[1] <= 0:
+            return None
+        return math.exp(min(50.0, c[0] / c[1] - 1))
+
+    def ratio(self, d: float) -> float:
+        p = self.peak()
+        return 0.0 if p is None or p <= 0 else min(self.CAP, d / p)
+
+    def state_dict(self) -> dict:
+        return {"sums": list(self.sums), "n": self.n}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.sums, self.n = list(st["sums"]), int(st["n"])
 
 
 class Features:
-    """The features of one run, step by step (`update` returns None until the start and one window
-    are in: the first `baseline_steps + window` steps)."""
+    """The features `names` of one run, step by step (`update` returns None until the start and one
+    window are in: the first `baseline_steps + window` steps). Default: today's base features."""
 
-    def __init__(self, window: int = 10, baseline_steps: int = 5):
+    def __init__(self, window: int = 10, baseline_steps: int = 5, names: Iterable[str] | None = None):
         self.window, self.baseline_steps = window, baseline_steps
+        self.names = list(BASE_FEATURES if names is None else names)
+        self.signals = signals_of(self.names)
         self.start: list[dict[str, float]] = []
         self.recent: deque[dict[str, float]] = deque(maxlen=window)
-        self.kl_past: deque[float] = deque(maxlen=window + 1)
+        self.past: deque[dict[str, float]] = deque(maxlen=window + 1)
+        self.gao = GaoFit(window) if "audit_peak" in self.names else None
         self.n = 0
 
     def update(self, metrics: dict[str, float]) -> dict[str, float] | None:
-        raw = {name: float(metrics[key]) for name, key in SIGNALS.items() if key in metrics}
-        if len(raw) < len(SIGNALS):
-            missing = sorted(k for k in SIGNALS.values() if k not in metrics)
+        missing = sorted(k for k in self.signals.values() if k not in metrics)
+        if missing:
             raise KeyError(f"the detector needs {', '.join(missing)} at every step")
+        raw = {name: float(metrics[key]) for name, key in self.signals.items()}
         self.n += 1
         if len(self.start) < self.baseline_steps:
             self.start.append(raw)
         self.recent.append(raw)
-        s = {k: sum(r[k] for r in self.recent) / len(self.recent) for k in SIGNALS}
-        self.kl_past.append(s["kl"])
+        s = {k: sum(r[k] for r in self.recent) / len(self.recent) for k in self.signals}
+        self.past.append(s)
+        b = {k: sum(r[k] for r in self.start) / len(self.start) for k in self.signals}
+        peak = None
+        if self.gao is not None and self.n > self.baseline_steps:
+            d = math.sqrt(max(s["kl"], 0.0) * max(s["length"], 0.0))
+            peak = self.gao.update(d, (s["audit"] - b["audit"]) / max(b["audit_std"], EPS))
         if self.n < self.baseline_steps + self.window:
             return None
-        b = {k: sum(r[k] for r in self.start) / len(self.start) for k in SIGNALS}
-        return {name: f(s, b, self.kl_past[0]) for name, f in FEATURES.items()}
+        old = self.past[0]
+        out = {name: FEATURES[name].fn(s, b, old) for name in self.names}
+        if peak is not None:
+            out["audit_peak"] = peak
+        return out
 
     def state_dict(self) -> dict:
-        return {"start": list(self.start), "recent": list(self.recent), "kl_past": list(self.kl_past), "n": self.n}
+        return {"start": list(self.start), "recent": list(self.recent), "past": list(self.past), "n": self.n,
+                "gao": None if self.gao is None else self.gao.state_dict()}
 
     def load_state_dict(self, st: dict) -> None:
         self.start, self.n = list(st["start"]), int(st["n"])
         self.recent = deque(st["recent"], maxlen=self.window)
-        self.kl_past = deque(st["kl_past"], maxlen=self.window + 1)
+        self.past = deque(st.get("past", []), maxlen=self.window + 1)  # a checkpoint of older code: refilled
+        if self.gao is not None and st.get("gao"):
+            self.gao.load_state_dict(st["gao"])
 
 
 FeatureName = Annotated[str, Field(pattern="^(" + "|".join(FEATURES) + ")$")]
@@ -153,11 +263,19 @@ def load_params(path: str | Path) -> DetectorParams:
     return params
 
 
-def resolve_params(spec: str) -> DetectorParams | None:
-    """collapse.detector: `default` (the committed file), `off` (None), or a path."""
+def resolve_params(spec: str, has_audit: bool = True) -> DetectorParams | None:
+    """collapse.detector: `default` (the committed detector for a run with audit reward models, or the
+    one fit without their signals for a run without), `off` (None), or a path."""
     if spec == "off":
         return None
-    return load_params(DEFAULT_PARAMS if spec == "default" else spec)
+    if spec == "default":
+        return load_params(DEFAULT_PARAMS if has_audit and DEFAULT_PARAMS.is_file() else DEFAULT_PARAMS_NO_AUDIT)
+    return load_params(spec)
+
+
+def needs_audit(params: DetectorParams) -> bool:
+    """Whether the detector reads the audit reward models' signals."""
+    return any(FEATURES[n].family in ("audit", "forecast") for n in params.features)
 
 
 @dataclass
@@ -179,7 +297,7 @@ class Detector:
     warning: Alert | None = None
 
     def __post_init__(self) -> None:
-        self.features = Features(self.params.window, self.params.baseline_steps)
+        self.features = Features(self.params.window, self.params.baseline_steps, self.params.features)
         if self.threshold is None:
             self.threshold = self.params.threshold
 

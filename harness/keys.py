@@ -24,6 +24,7 @@ SAMPLED_TOKENS = "response/sampled_tokens"  # response tokens sampled so far (al
 LENGTH_MAX = "response/length_max"
 LENGTH_STD = "response/length_std"  # spread of response lengths in the batch (tokens)
 FRAC_AT_CAP = "response/frac_at_cap"
+GROUPS_KEPT_FRAC = "response/informative_groups_frac"  # DAPO's dynamic sampling (ppo.dynamic_sampling_tol): share of prompt groups whose scores differ (kept); only while on
 
 PG_LOSS = "policy/pg_loss"
 ENTROPY_LOSS = "policy/entropy_loss"
@@ -33,6 +34,10 @@ POLICY_CLIPFRAC = "policy/clipfrac"
 RATIO_MEAN = "policy/ratio_mean"
 RATIO_STD = "policy/ratio_std"
 RATIO_MAX = "policy/ratio_max"
+# Logged only while the trick that has the quantity is on (docs/PAPER.md, "tricks after the paper"):
+POLICY_CLIPFRAC_HIGH = "policy/clipfrac_high"  # clip-higher (ppo.clip_eps_high): fraction of tokens clipped at 1 + clip_eps_high
+POLICY_DUAL_CLIPFRAC = "policy/dual_clipfrac"  # dual-clip (ppo.dual_clip_c): fraction of tokens capped at -c*A
+POLICY_LOGP_ADV_COV = "policy/logp_adv_cov"  # clip_cov / kl_cov: token mean of (log pi - mean)(A - mean), Cui et al. 2025
 
 VF_LOSS = "val/vf_loss"
 VF_CLIPFRAC = "val/clipfrac"
@@ -49,6 +54,7 @@ ADV_RAW_STD = "adv/raw_std"
 
 REWARD_RUNNING_MEAN = "reward/running_mean"
 REWARD_RUNNING_STD = "reward/running_std"
+OVERLONG_PENALTY = "reward/overlong_penalty"  # DAPO's soft overlong punishment (reward.overlong_buffer), batch mean; only while on
 
 GRAD_NORM_POLICY = "optim/grad_norm_policy"  # before clipping, mean over updates this step
 GRAD_NORM_CRITIC = "optim/grad_norm_critic"
@@ -63,6 +69,17 @@ TIME_ADVANTAGE = "perf/time_advantage_s"
 TIME_UPDATE = "perf/time_update_s"
 TIME_LOGGING = "perf/time_logging_s"  # logging time of the previous step (this step's is not known yet)
 
+# -- signals that need no gold and may move before it falls (harness.signals) ------------------
+DISTINCT_1 = "signal/distinct_1"  # unique tokens / tokens over the batch's responses
+DISTINCT_2 = "signal/distinct_2"  # unique 2-grams / 2-grams over the batch's responses
+REPEATED_2GRAM = "signal/repeated_2gram"  # share of a response's 2-grams seen earlier in it, batch mean
+GROUP_SIMILARITY = "signal/group_similarity"  # mean pairwise Jaccard of one prompt's samples' 2-grams (samples_per_prompt > 1)
+AUDIT_MEAN = "audit/score_mean"  # audit reward models' mean score (model.audit_reward_paths; only where there are some)
+AUDIT_STD = "audit/score_std"  # spread over the batch of the members' mean score
+AUDIT_GAP = "audit/gap"  # proxy RM score minus audit score, batch means
+AUDIT_DISAGREEMENT = "audit/disagreement"  # std over the audit members of a sample's score, batch mean
+AUDIT_MEMBER = "audit/score_{k}"  # each member's batch mean (.format(k=0))
+
 EVAL_GOLD = "eval/gold_score"
 EVAL_RM = "eval/rm_score"
 EVAL_WIN_RATE = "eval/win_rate_vs_sft"  # gold(policy) > gold(SFT) on the same prompt; ties count half
@@ -71,6 +88,7 @@ EVAL_LENGTH = "eval/length_mean"
 COLLAPSE_STEP = "collapse/step"  # logged once, when the run's collapse flag is raised; its value is the step it marks (the gold onset on the world)
 WARNING = "collapse/warning"  # the detector's warning score this step (harness.detector; from the first full window)
 WARNING_STEP = "collapse/warning_step"  # logged once, on the step the detector warns; its value is that step
+ACTION_STEP = "collapse/action_step"  # logged once, on the step collapse.on_warning acted; its value is that step
 GOLD_ONSET = "collapse/gold_onset"  # logged once, on the step the gold onset is confirmed; its value is the onset step (harness.metrics.GoldTruth)
 
 # -- reward-model training (world build; experiment `world`) ------------------------------------
@@ -93,14 +111,19 @@ STEP_METRICS = [
     POLICY_CLIPFRAC, RATIO_MEAN, RATIO_STD, RATIO_MAX, VF_LOSS, VF_CLIPFRAC, VALUES, RETURNS,
     RETURNS_STD, EXPLAINED_VAR, ADV_MEAN, ADV_STD, ADV_RAW_MEAN, ADV_RAW_STD, REWARD_RUNNING_MEAN,
     REWARD_RUNNING_STD, GRAD_NORM_POLICY, GRAD_NORM_CRITIC, LR_POLICY, LR_CRITIC, TOKENS_PER_S,
-    STEP_S, TIME_ROLLOUT, TIME_SCORE, TIME_ADVANTAGE, TIME_UPDATE, TIME_LOGGING,
+    STEP_S, TIME_ROLLOUT, TIME_SCORE, TIME_ADVANTAGE, TIME_UPDATE, TIME_LOGGING, DISTINCT_1, DISTINCT_2, REPEATED_2GRAM,
 ]
 """Logged at every step (gold keys too when the source has a gold reward)."""
 GOLD_METRICS = [GOLD_SCORE, GOLD_SCORE_STD]
+AUDIT_METRICS = [AUDIT_MEAN, AUDIT_STD, AUDIT_GAP, AUDIT_DISAGREEMENT]
+"""Logged at every step by a run with audit reward models (and AUDIT_MEMBER per member)."""
 EVAL_METRICS = [EVAL_GOLD, EVAL_RM, EVAL_WIN_RATE, EVAL_LENGTH]
+TRICK_METRICS = [POLICY_CLIPFRAC_HIGH, POLICY_DUAL_CLIPFRAC, POLICY_LOGP_ADV_COV, OVERLONG_PENALTY, GROUPS_KEPT_FRAC]
+"""Logged at every step while their trick is on."""
 KNOWN_METRICS = list(dict.fromkeys(
-    STEP_METRICS + GOLD_METRICS + EVAL_METRICS
-    + [PPL_TOKENS, COLLAPSE_STEP, WARNING, WARNING_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC, RM_TRAIN_LOSS]))
+    STEP_METRICS + GOLD_METRICS + EVAL_METRICS + AUDIT_METRICS + TRICK_METRICS
+    + [PPL_TOKENS, GROUP_SIMILARITY, COLLAPSE_STEP, WARNING, WARNING_STEP, ACTION_STEP, GOLD_ONSET, RM_TRAIN_ACC, RM_EVAL_ACC,
+       RM_TRAIN_LOSS]))
 """Every metric a figure panel, a claim or a sweep objective may name: the one list."""
 
 TAG_SEED = "harness.seed"
@@ -111,7 +134,8 @@ TAG_COLLAPSED = "harness.collapsed"  # "true" / "false", set at the end of a run
 TAG_COLLAPSE_REASON = "harness.collapse_reason"
 TAG_FAILURE = "harness.failure_reason"  # set when a run ends FAILED (NaN loss, exception)
 TAG_BEST_STEP = "harness.best_step"  # step of the best held-out eval before the collapse rule fired (best_policy.pt)
-TAG_STOPPED = "harness.stopped_by"  # "collapse" or "callback" when a run ended before ppo.steps
+TAG_STOPPED = "harness.stopped_by"  # "collapse", "warning" or "callback" when a run ended before ppo.steps
+TAG_WARNING_ACTION = "harness.warning_action"  # collapse.on_warning, set on the step it acted
 TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
 TAG_PID = "harness.pid"  # the process that trains the run (rank 0), set whenever it (re)opens the run
 TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run

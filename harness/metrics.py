@@ -157,10 +157,10 @@ class Monitor:
     """A run's collapse flag, step by step: the gold truth where the source has a gold reward, else
     the detector's warning; the warning is logged on every run (on the world, for scoring it)."""
 
-    def __init__(self, cfg: CollapseConfig, has_gold: bool):
+    def __init__(self, cfg: CollapseConfig, has_gold: bool, has_audit: bool = False):
         self.cfg, self.has_gold = cfg, has_gold
         self.truth = GoldTruth(cfg) if has_gold else None
-        params = resolve_params(cfg.detector) if cfg.enabled else None
+        params = resolve_params(cfg.detector, has_audit) if cfg.enabled else None
         self.detector = Detector(params, cfg.warn_threshold) if params is not None else None
         self.warned: CollapseEvent | None = None
 

@@ -47,6 +47,22 @@ def resolve_path(path: str, cfg: TrainConfig, field: str) -> str:
     return path
 
 
+def audit_paths(cfg: TrainConfig) -> list[str]:
+    """model.audit_reward_paths resolved: `auto` = the world's audit RMs where built, `world` = those,
+    built now if missing (harness.world.audit), `none` = [], else each path as resolve_path resolves it."""
+    spec = cfg.model.audit_reward_paths
+    if spec == "none":
+        return []
+    if spec in ("auto", "world"):
+        if cfg.data.source != "world" or not (Path(cfg.data.world_dir) / "world.json").is_file():
+            return []
+        from .world.audit import ensure_audit, member_dirs
+
+        dirs = ensure_audit(cfg.data.world_dir, progress=False) if spec == "world" else member_dirs(cfg.data.world_dir)
+        return [str(d) for d in dirs]
+    return [resolve_path(p, cfg, f"model.audit_reward_paths[{i}]") for i, p in enumerate(spec)]
+
+
 def _local_config(path: str, field: str) -> tuple[object | None, str | None]:
     """(model config, None) when `path` is a local directory or already in the Hugging Face cache,
     else (None, the problem). Never touches the network: runs do not download weights."""
@@ -86,6 +102,8 @@ def preflight(cfg: TrainConfig) -> list[str]:
         fields["model.pretrained_path"] = m.pretrained_path
     if m.critic_path and cfg.ppo.adv_estimator in NEEDS_CRITIC:
         fields["model.critic_path"] = m.critic_path
+    if isinstance(m.audit_reward_paths, list):
+        fields |= {f"model.audit_reward_paths[{i}]": p for i, p in enumerate(m.audit_reward_paths)}
     vocab: dict[str, int] = {}
     policy = "model.sft_path" if m.policy_init == "sft" else "model.pretrained_path"
     for field, raw in fields.items():
@@ -100,12 +118,24 @@ def preflight(cfg: TrainConfig) -> list[str]:
             continue
         if getattr(conf, "vocab_size", None):
             vocab[field] = int(conf.vocab_size)
+        if field.startswith("model.audit_reward_paths") and getattr(conf, "num_labels", 1) != 1:
+            problems.append(f"{field}: {raw!r} has {conf.num_labels} labels; allowed: a reward model with exactly 1")
         if field == policy and cfg.generation.max_new_tokens >= context_of(conf):
             problems.append(f"generation.max_new_tokens: got {cfg.generation.max_new_tokens}; allowed: less than the "
                             f"policy's context of {context_of(conf)} tokens ({policy} {raw!r}), leaving room for the prompt")
     if len(set(vocab.values())) > 1:
         problems.append("the models' vocabularies differ (" + ", ".join(f"{k}: {v}" for k, v in vocab.items())
                         + "); the reward model and critic score the policy's token ids, so all must share one tokenizer")
+    if not problems and cfg.collapse.enabled and cfg.collapse.detector not in ("default", "off"):
+        from .detector import load_params, needs_audit
+
+        has_audit = cfg.model.audit_reward_paths == "world" and cfg.data.source == "world" or audit_paths(cfg)
+        if needs_audit(load_params(cfg.collapse.detector)) and not has_audit:
+            problems.append(f"collapse.detector: {cfg.collapse.detector!r} reads the audit reward models' signals "
+                            f"(audit/*), which this run does not log (model.audit_reward_paths="
+                            f"{cfg.model.audit_reward_paths!r} gives none); allowed: a detector fit without them "
+                            "(`python -m analysis.detector fit --families base,diversity`), default, or off, "
+                            "or audit reward models (`python -m harness.world build` makes the world's)")
     if not problems:
         try:
             n_tok = len(load_tokenizer(cfg))
@@ -153,11 +183,11 @@ def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
-def load_reward_model(path: str, dtype: torch.dtype = torch.float32) -> ScalarHeadModel:
+def load_reward_model(path: str, dtype: torch.dtype = torch.float32, field: str = "model.reward_path") -> ScalarHeadModel:
     rm = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
     head = rm.score if hasattr(rm, "score") else rm.classifier
     if head.out_features != 1:
-        raise ModelPathError(f"model.reward_path: {path!r} has {head.out_features} labels; a reward model needs exactly 1")
+        raise ModelPathError(f"{field}: {path!r} has {head.out_features} labels; a reward model needs exactly 1")
     return ScalarHeadModel(base_of(rm), head)
 
 
@@ -191,6 +221,9 @@ class Models:
         self.policy = load_causal_lm(policy_src, dtype).to(device).eval()  # dropout off: first-minibatch ratios are 1
         self.reference = load_causal_lm(sft, dtype).to(device).eval().requires_grad_(False)
         self.reward = load_reward_model(reward, dtype).to(device).eval().requires_grad_(False)
+        # audit RMs: scored on every training sample, never trained on (harness.signals)
+        self.audit = [load_reward_model(a, dtype, "model.audit_reward_paths").to(device).eval().requires_grad_(False)
+                      for a in audit_paths(cfg)]
         self.critic: ScalarHeadModel | None = None  # critic-free advantage estimators build none
         if cfg.ppo.adv_estimator in NEEDS_CRITIC:
             torch.manual_seed(cfg.seed + 1)  # the critic's fresh head/weights depend on the seed only

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import sys
+import textwrap
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -17,6 +20,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from . import keys, parallel, prog, provenance, statefile, tracking
+from .algorithms import names
 from .algorithms.estimators import NEEDS_CRITIC
 from .config import (
     ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
@@ -338,7 +342,7 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
     torch.manual_seed(cfg.seed)
     device = parallel.device_of(cfg)
     trainer = PPOTrainer(cfg, Models(cfg, device), load_source(cfg), device, env)
-    detector = Monitor(cfg.collapse, has_gold=trainer.source.gold is not None)
+    detector = Monitor(cfg.collapse, has_gold=trainer.source.gold is not None, has_audit=bool(trainer.audit))
     best, start_step = BestPolicy(), 0
 
     def evaluate(step: int) -> dict[str, float]:
@@ -374,6 +378,7 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
 
         bar = tqdm(total=cfg.ppo.steps, initial=start_step, desc=log.run_name or "train", unit="step", dynamic_ncols=True, leave=False)
     last_log_s = 0.0
+    snapshots: deque[tuple[int, dict]] = deque(maxlen=2)  # on_warning=rollback: where it goes back to
     metrics: dict[str, float] = {}
     step = start_step
     b = None
@@ -384,6 +389,12 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             metrics[keys.TIME_LOGGING] = last_log_s
             flags, event = detector.update(step, metrics)
             metrics.update(flags)
+            action = cfg.collapse.on_warning if keys.WARNING_STEP in flags else "none"
+            if action != "none":
+                metrics[keys.ACTION_STEP] = step
+                run.tags({keys.TAG_WARNING_ACTION: action})
+                if action in ("raise_kl", "rollback"):
+                    warning_action(trainer, cfg.collapse, snapshots if action == "rollback" else None)
             if event is not None:
                 result.collapsed, result.collapse_step = True, event.step
                 run.tags({keys.TAG_COLLAPSED: "true", keys.TAG_COLLAPSE_REASON: event.reason})
@@ -404,8 +415,11 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             stop_cb = parallel.agree_stop(env, stop_cb, run_dir)  # rank 0 decides (or a STOP file); all ranks follow
             if log.checkpoint_every and step % log.checkpoint_every == 0 and step < cfg.ppo.steps:
                 checkpoint(step)
+            if cfg.collapse.on_warning == "rollback" and step % cfg.collapse.rollback_steps == 0:
+                snapshots.append((step, copy.deepcopy(trainer.state_dict())))  # collective under ZeRO
             collapse_stop = event is not None and cfg.collapse.stop_on_collapse
-            stopped_by = "callback" if stop_cb else "collapse" if collapse_stop else None
+            stopped_by = ("callback" if stop_cb else "collapse" if collapse_stop else
+                          "warning" if action == "stop" else None)
             if stopped_by:
                 run.tags({keys.TAG_STOPPED: stopped_by})
                 break
@@ -420,6 +434,14 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
     if not result.collapsed:
         run.tags({keys.TAG_COLLAPSED: "false"})
     result.final_metrics = metrics
+
+
+def warning_action(trainer, c, snapshots: deque | None) -> None:
+    """collapse.on_warning raise_kl / rollback: back to the older of the kept snapshots (rollback: at
+    least rollback_steps steps before the warning; none yet: from where it is), then a larger KL coefficient."""
+    if snapshots:
+        trainer.restore_models(snapshots[0][1])
+    trainer.kl_ctl.value = max(trainer.kl_ctl.value * c.warning_kl_factor, c.warning_kl_min)
 
 
 def _evaluate(trainer, run: RunLog, step: int) -> dict[str, float]:
@@ -447,7 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=prog("harness.train"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train one PPO / APA / AWR run and log it to MLflow.",
+        description=textwrap.fill(
+            f"Train one RLHF run (policy loss {' / '.join(names.POLICY_LOSSES)}; advantage estimator "
+            f"{' / '.join(names.ADV_ESTIMATORS)}) and log it to MLflow. Every trick of the paper, and the "
+            "tricks after it (docs/PAPER.md), is a config key below.", 100),
         epilog="Every config key (use with --set KEY=VALUE or in the YAML file):\n" + help_text(),
     )
     ap.add_argument("config", nargs="?", help="YAML config file (optional: defaults + --set work alone)")

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import keys
+from . import keys, signals
 from .algorithms import (
     POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
     masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
 )
-from .algorithms.estimators import NEEDS_GREEDY, aggregate, estimate
+from .algorithms.estimators import NEEDS_GREEDY, aggregate, compute_gae, estimate, group_mean_batch_std, informative_groups
+from .algorithms.rewards import overlong_penalty
 from .config import TrainConfig
 from .data import PromptSource
 from .models import Models
@@ -49,11 +50,15 @@ class Batch:
     returns: torch.Tensor
     prompts: list[str]
     responses: list[str]
+    overlong: torch.Tensor | None  # [B] DAPO's overlong penalty in processed_scores (reward.overlong_buffer), else None
+    keep: torch.Tensor | None  # [B] bool: rows of the prompt groups DAPO's dynamic sampling keeps (ppo.dynamic_sampling_tol), else None
     first_perm: torch.Tensor | None = None
     """The update's first epoch's row order, drawn before scoring (the same draw, in the same order)."""
     first_pass: Forwards | None = None
     """Where the update's first minibatch gets its forwards: the scoring pass's, graphs kept, where it
     could keep them (None: fresh forwards)."""
+    audit: torch.Tensor | None = None
+    """[k, B] the audit reward models' raw scores (None: the run has none)."""
 
 
 @dataclass
@@ -206,11 +211,13 @@ class PPOTrainer:
         self.critic = None if models.critic is None else Engine(models.critic, p.critic_lr, schedule, cfg, env, device)
         self.reference = frozen(models.reference, cfg, env, device)
         self.reward = frozen(models.reward, cfg, env, device)
+        self.audit = [frozen(m, cfg, env, device) for m in models.audit]
         self.fast_sampling = not (d.deepspeed and d.zero_stage == 3)  # the static decoder reads whole weights
         # teacher-forced passes over real tokens only (gpt2.packed_hidden) call the modules' parts
         # directly: plain torch only (a DeepSpeed engine's forward must run as a whole)
         self.pack = not d.deepspeed
         self.reward_stats = RunningMeanStd()
+        self.cov_gen: torch.Generator | None = None  # Clip-Cov's token draw (set per update)
         self.kl_ctl = KLController(p.kl_coef, p.kl_target if p.kl_controller == "adaptive" else None, p.kl_horizon)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.rollout_counter = 0  # rollouts made so far: the sampling noise's counter
@@ -309,9 +316,19 @@ class PPOTrainer:
         gt = self.gather
         logprobs, ref_logprobs, values = gt(logprobs.float() * mask, B), gt(ref_logprobs.float() * mask, B), gt(values * mask, B)
         entropy = gt(entropy.float(), B)
+        audit = None
+        if self.audit:  # this rank's shard scored by each audit RM, then the global batch [k, B]
+            with self.autocast:
+                audit = torch.stack([self.gather(last_scores(m, ro.sequences, ro.attention_mask, self.pack).float(), B)
+                                     for m in self.audit])
         ro, scores, prompts, responses, gold = self.scored(ro, B)
         self.sampled_tokens += int(ro.lengths.sum())
         processed = self.process(scores)
+        overlong = None
+        if cfg.reward.overlong_buffer:  # DAPO: pushed back from the cap after normalization, so it is not undone
+            overlong = overlong_penalty(ro.lengths, cfg.generation.max_new_tokens, cfg.reward.overlong_buffer,
+                                        cfg.reward.overlong_penalty).to(processed)
+            processed = processed + overlong
         baseline = None
         if p.adv_estimator in NEEDS_GREEDY:  # ReMax: the greedy response's processed score, per prompt
             greedy, greedy_scores = self.scored(self.generate(self.m.policy, lists, STREAM_ROLLOUT, counter, greedy=True),
@@ -325,13 +342,17 @@ class PPOTrainer:
         # the penalty in the reward, or (kl_placement=loss) none here and eta * KL in the policy loss
         kl_coef = self.kl_ctl.value if p.kl_placement == "reward" else 0.0
         rewards, non_score = token_rewards(processed, kl_pen, mask, kl_coef)
+        group = torch.arange(B, device=mask.device) // G
         advantages, returns = estimate(
             p.adv_estimator, rewards=rewards, values=values, mask=mask, gamma=p.gamma, lam=p.gae_lambda,
-            group=torch.arange(B, device=mask.device) // G, baseline=baseline,
+            group=group, baseline=baseline,
         )
+        keep = None if p.dynamic_sampling_tol is None else informative_groups(scores.to(mask.device), group, p.dynamic_sampling_tol)
+        if p.critic_gae_lambda is not None:  # VAPO's decoupled GAE: the critic's targets with their own lambda
+            returns = compute_gae(rewards, values, mask, p.gamma, p.critic_gae_lambda)[1]
         timers |= {keys.TIME_ROLLOUT: t1 - t0, keys.TIME_SCORE: t2 - t1, keys.TIME_ADVANTAGE: time.perf_counter() - t2}
         return Batch(ro, logprobs, ref_logprobs, values, entropy, scores, processed, gold,
-                     non_score, kl, advantages, returns, prompts, responses, perm, first)
+                     non_score, kl, advantages, returns, prompts, responses, overlong, keep, perm, first, audit)
 
     # ------------------------------------------------------------------ update
     def _ptx_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,6 +385,14 @@ class PPOTrainer:
         def add(k: str, v) -> None:
             acc.setdefault(k, []).append(float(v))
 
+        if b.keep is not None and b.keep.any():  # DAPO's dynamic sampling: the dropped groups' tokens leave every loss
+            mask = mask * b.keep[:, None]
+        advantages, whiten = b.advantages, p.adv_normalize
+        if p.adv_normalize and p.adv_normalize_mode == "group_mean_batch_std":  # LitePPO: once over the whole batch
+            advantages = group_mean_batch_std(advantages, mask, torch.arange(B, device=mask.device) // self.cfg.generation.samples_per_prompt)
+            whiten = False
+        # Clip-Cov's random token draw: its own generator, keyed by the rollout (ranks and resumes agree; data_gen untouched)
+        self.cov_gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.rollout_counter) if p.policy_loss == "clip_cov" else None
         fresh = Forwards(self)  # asks forward afresh
         forwards, b.first_pass = b.first_pass or fresh, None  # the first minibatch's: the scoring pass's, where kept
         for epoch in range(p.ppo_epochs):
@@ -373,10 +402,15 @@ class PPOTrainer:
                 i = perm[s : s + mb_size].sort().values.to(self.device)
                 m = mask[i]
                 R = int(m.sum(1).max().item())  # trim right padding shared by this minibatch
+                if R == 0:  # every row dropped by dynamic sampling: no update (a zero loss would still move AdamW)
+                    forwards = fresh
+                    continue
                 m = m[:, :R]
                 adv = b.advantages[i][:, :R]
                 add(keys.ADV_RAW_MEAN, masked_mean(adv, m).item())
-                if p.adv_normalize:
+                if advantages is not b.advantages:  # LitePPO's, normalized over the whole batch above
+                    adv = advantages[i][:, :R]
+                if whiten:
                     adv = masked_whiten(adv, m)
                 if p.adv_clip is not None:
                     adv = adv.clamp(-p.adv_clip, p.adv_clip)
@@ -423,7 +457,9 @@ class PPOTrainer:
             loss_tok, st = POLICY_LOSSES[p.policy_loss](
                 logprobs, x.old_logprobs[rows], x.adv[rows], clip_eps=p.clip_eps,
                 importance_sampling=p.importance_sampling, ref_logprobs=x.ref_logprobs[rows], apa_lambda=p.apa_lambda,
-                awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight,
+                awr_beta=p.awr_beta, awr_max_weight=p.awr_max_weight, mask=mu, clip_eps_high=p.clip_eps_high,
+                dual_clip_c=p.dual_clip_c, clip_cov_ratio=p.clip_cov_ratio, clip_cov_lb=p.clip_cov_lb, clip_cov_ub=p.clip_cov_ub,
+                kl_cov_ratio=p.kl_cov_ratio, kl_cov_coef=p.kl_cov_coef, generator=self.cov_gen,
             )
             pg_num = aggregate(loss_tok, mu, *agg)[0]
             loss_num = pg_num
@@ -443,6 +479,8 @@ class PPOTrainer:
                 "pg_num": pg_num, "entropy": ent_sum, "clipped": (st["clipped"] * mu).sum(),
                 "approx_kl": 0.5 * (st["log_ratio"] ** 2 * mu).sum(), "ratio": (ratio * mu).sum(), "ptx": ptx_sum,
                 "tokens": mu.sum(),
+                # a trick's own per-token quantity (harness.algorithms.losses), named by its metric key
+                **{k: (v * mu).sum() for k, v in st.items() if k not in ("clipped", "ratio", "log_ratio")},
             })
             tot = {k: tot.get(k, 0.0) + g for k, g in glob.items()}
             if not all(math.isfinite(glob[k].item()) for k in ("pg_num", "entropy", "ptx")):
@@ -468,6 +506,8 @@ class PPOTrainer:
         if ptx is not None:
             add(keys.PTX_LOSS, tot["ptx"] / n_ptx)
         add(keys.POLICY_CLIPFRAC, tot["clipped"] / n)
+        for k in tot.keys() & set(keys.TRICK_METRICS):
+            add(k, tot[k] / n)
         add(keys.APPROX_KL, tot["approx_kl"] / n)
         add(keys.RATIO_MEAN, r_mean)
         add(keys.RATIO_STD, (r_var / n).sqrt())
@@ -528,9 +568,30 @@ class PPOTrainer:
             out[keys.EXPLAINED_VAR] = (1 - masked_var(b.returns - b.old_values, mask, unbiased=False)
                                        / var_returns.clamp(min=1e-12)).item()
             out[keys.LR_CRITIC] = self.critic.lr
+        if b.overlong is not None:
+            out[keys.OVERLONG_PENALTY] = b.overlong.mean().item()
+        if b.keep is not None:
+            out[keys.GROUPS_KEPT_FRAC] = b.keep.float().mean().item()
+        out |= self.signal_metrics(b)
         if b.gold is not None:
             out[keys.GOLD_SCORE] = b.gold.mean().item()
             out[keys.GOLD_SCORE_STD] = b.gold.std().item() if len(b.gold) > 1 else 0.0
+        return out
+
+    def signal_metrics(self, b: Batch) -> dict[str, float]:
+        """What the samples look like and the audit RMs' second opinion (harness.signals)."""
+        ro = b.rollout
+        ids = [[t for t in row[m.bool()].tolist() if t != self.eos_id] for row, m in zip(ro.response_ids, ro.response_mask)]
+        sig = signals.batch_signals(ids, self.cfg.generation.samples_per_prompt)
+        out = {keys.DISTINCT_1: sig["distinct_1"], keys.DISTINCT_2: sig["distinct_2"],
+               keys.REPEATED_2GRAM: sig["repeated_2gram"]}
+        if "group_similarity" in sig:
+            out[keys.GROUP_SIMILARITY] = sig["group_similarity"]
+        if b.audit is not None:
+            a = signals.audit_stats(b.scores, b.audit)
+            out |= {keys.AUDIT_MEAN: a["mean"], keys.AUDIT_STD: a["std"], keys.AUDIT_GAP: a["gap"],
+                    keys.AUDIT_DISAGREEMENT: a["disagreement"]}
+            out |= {keys.AUDIT_MEMBER.format(k=k): v for k, v in enumerate(b.audit.mean(1).tolist())}
         return out
 
     def step(self) -> tuple[dict[str, float], Batch]:
@@ -596,6 +657,14 @@ class PPOTrainer:
             s[name], s[f"{name}_opt"] = e.full_state()
             s[f"{name}_sched"] = e.sched.state_dict()
         return s
+
+    def restore_models(self, s: dict) -> None:
+        """Policy, critic, their optimizers and schedules and the reward statistics from a `state_dict`
+        snapshot; the data order and sampling counters go on (a rollback resamples, it does not replay)."""
+        for name, e in self.engines().items():
+            e.load_full_state(s[name], s[f"{name}_opt"])
+            e.sched.load_state_dict(s[f"{name}_sched"])
+        self.reward_stats.load_state_dict(s["reward_stats"])
 
     def load_state_dict(self, s: dict) -> None:
         for name, e in self.engines().items():

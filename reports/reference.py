@@ -181,6 +181,19 @@ def detector_text(ev: dict | None) -> list[str]:
              f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
              f"{str(prov.get('split', {}).get('world', '?'))[:8]}; every other row is scored on runs it was not fit on "
              f"(`reports/detector/`: the operating curve and lead times, `detector.png`).", "",
+             _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""]
+            + families_text(ev.get("families")))
+
+
+def families_text(fam: dict | None) -> list[str]:
+    """The signal families ablated (`python -m analysis.detector families`): one detector per family set."""
+    if not fam:
+        return []
+    rows = fam["rows"]
+    return (["What each signal family adds, out of sample: a detector per family set, lead, patience and "
+             "threshold chosen on the fit runs alone (cross-validated there), scored on the same held-out runs "
+             f"(`reports/detector/families.png`: lead against false alarms). Chosen on the fit runs: {fam['chosen']}; "
+             f"for runs without audit reward models: {fam.get('chosen_no_audit') or '-'}.", "",
              _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""])
 
 

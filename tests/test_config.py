@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from harness.algorithms.names import POLICY_LOSSES
 from harness.config import (
     ConfigError, TrainConfig, config_hash, from_dict, iter_fields, load_config, to_dict, to_yaml,
 )
@@ -71,7 +72,7 @@ def test_problems_name_where_the_value_came_from(tmp_path):
     ("logging.tracking_uri=not a uri", "logging.tracking_uri: got 'not a uri'; allowed: an MLflow tracking URI"),
     ("logging.tracking_uri='http://[::1'", "logging.tracking_uri: got 'http://[::1'"),
     ("reward.clip=0", "reward.clip: got 0; allowed: a number > 0 or null"),  # 0 would zero every reward
-    ("ppo.policy_loss=apo", "ppo.policy_loss: got 'apo'; allowed: one of 'ppo', 'apa', 'awr' (did you mean 'ppo'?)"),
+    ("ppo.policy_loss=apo", f"ppo.policy_loss: got 'apo'; allowed: one of {', '.join(map(repr, POLICY_LOSSES))} (did you mean 'ppo'?)"),
     ("ppo.num_minibatches=5", "ppo.num_minibatches: got 5; allowed: a divisor of ppo.rollout_batch_size=32"),
     ("x.y=1", "x: unknown key; allowed: seed, device, threads, model"),
 ])

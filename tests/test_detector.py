@@ -10,7 +10,7 @@ import pytest
 
 from harness import keys as K
 from harness import tracking
-from harness.detector import FEATURES, SIGNALS, Detector, DetectorParams, Features, load_params, replay
+from harness.detector import BASE_FEATURES, BASE_SIGNALS, FEATURES, Detector, DetectorParams, Features, load_params, replay
 from harness.schema import ConfigError
 
 
@@ -52,14 +52,14 @@ def test_features_are_relative_to_the_runs_own_start():
     rows = stream(6)
     assert [f.update(m) is None for m in rows[:3]] == [True, True, True]  # the start and one window first
     x = f.update(rows[3])
-    assert set(x) == set(FEATURES)
+    assert set(x) == set(BASE_FEATURES)
     # a run that is the same one scaled (twice the entropy and KL, longer responses): the same features
     g = Features(window=2, baseline_steps=2)
     scaled = [{**m, K.ENTROPY: 2 * m[K.ENTROPY], K.KL_K3: 2 * m[K.KL_K3], K.LENGTH: 10 * m[K.LENGTH],
                K.LENGTH_STD: 10 * m[K.LENGTH_STD], K.RM_SCORE: 5 * m[K.RM_SCORE], K.RM_SCORE_STD: 5 * m[K.RM_SCORE_STD],
                K.PPL_TOKENS: 7 * m[K.PPL_TOKENS]} for m in rows[:4]]
     y = [g.update(m) for m in scaled][-1]
-    assert all(math.isclose(x[k], y[k], rel_tol=1e-9, abs_tol=1e-9) for k in FEATURES), (x, y)
+    assert all(math.isclose(x[k], y[k], rel_tol=1e-9, abs_tol=1e-9) for k in BASE_FEATURES), (x, y)
 
 
 def test_the_detector_fires_on_the_pattern_and_not_on_a_healthy_run(tmp_path):
@@ -115,7 +115,7 @@ def test_detector_files_are_validated(tmp_path):
 
 
 def test_the_committed_detector_loads_and_names_its_provenance():
-    from harness.detector import DEFAULT_PARAMS
+    from harness.detector import DEFAULT_PARAMS_NO_AUDIT as DEFAULT_PARAMS  # runs without audit RMs: today's detector
 
     p = load_params(DEFAULT_PARAMS)
     prov = p.provenance
@@ -235,4 +235,4 @@ def test_only_finished_runs_count_and_the_start_is_the_runs_own_early_gold(tmp_p
 
 
 def test_signals_the_detector_reads_are_logged_by_every_run():
-    assert set(SIGNALS.values()) <= set(K.STEP_METRICS) | {K.PPL_TOKENS}
+    assert set(BASE_SIGNALS.values()) <= set(K.STEP_METRICS) | {K.PPL_TOKENS}

@@ -134,6 +134,9 @@ def test_fixed_seed_step_matches_pinned(name, model_root):
     metrics, tokens = run_case(name, model_root)
     assert tokens == TOKENS[name], "sampled tokens changed"
     pinned = PINNED[name]
+    # the samples' diversity (signal/*, issue 35) came after the pins: read from the sampled tokens pinned
+    # above, its values are tested on hand-made batches (tests/test_warning_signals.py)
+    metrics = {k: v for k, v in metrics.items() if not k.startswith("signal/")}
     assert set(metrics) == set(pinned), f"metric keys changed: {set(metrics) ^ set(pinned)}"
     bad = []
     for k, want in pinned.items():

@@ -17,7 +17,7 @@ def test_installed_package_lists_and_dry_runs_from_another_directory(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(REPO)],
                    check=True, capture_output=True)
     assert (site / "harness" / "ablate.py").is_file()
-    assert (site / "harness" / "detector_params.json").is_file()  # the default early-warning detector ships
+    assert (site / "harness" / "detector_params_no_audit.json").is_file()  # the default early-warning detector ships
     from harness.world import shipped
 
     installed = site / "harness" / "world" / "shipped"  # and the default world, as its archive and manifest

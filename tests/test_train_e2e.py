@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from harness import keys, statefile, tracking
+from harness.algorithms.names import ADV_ESTIMATORS
 from harness.config import ConfigError, load_config
 from harness.train import main as train_main
 from harness.train import train
@@ -268,7 +269,7 @@ def test_preflight_names_the_field_before_any_run_exists(tiny_world, tmp_path):
 GROUPED = {"generation.samples_per_prompt": 4, "ppo.steps": 2, "logging.eval_every": 0, "logging.checkpoint_every": 0}
 
 
-@pytest.mark.parametrize("estimator", ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"])
+@pytest.mark.parametrize("estimator", ADV_ESTIMATORS)
 def test_every_advantage_estimator_trains_two_steps(tiny_world, tmp_path, estimator):
     cfg, res = run(tiny_world, tmp_path, **GROUPED, **{"ppo.adv_estimator": estimator})
     assert res.status == "FINISHED" and res.steps_done == 2, res.error

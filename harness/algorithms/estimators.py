@@ -5,28 +5,28 @@ penalty at every token when KL is placed in the reward) to per-token (advantages
 exactly the keyword inputs it needs (`ESTIMATOR_INPUTS`). Group estimators see `group` [B], the
 prompt index of each row (G = `generation.samples_per_prompt` rows per prompt); their "outcome" is
 the sequence reward R_i = sum_t r_{i,t}, as in verl and OpenRLHF. Only `gae` needs a critic.
+
+Registering is all it takes to add one: `harness.algorithms.names` reads the decorator's name and
+the function's inputs from this file, so the config allows it and the tests list it.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Callable
 
 import torch
 
+from .names import ESTIMATOR_INPUTS, LOSS_AGGREGATIONS, NEEDS_CRITIC, NEEDS_GREEDY, NEEDS_GROUPS, registrar
 from .stats import masked_whiten
+
+__all__ = ["ADV_ESTIMATORS", "ESTIMATOR_INPUTS", "LOSS_AGGREGATIONS", "NEEDS_CRITIC", "NEEDS_GREEDY", "NEEDS_GROUPS",
+           "aggregate", "estimate", "register_adv_est"]
 
 EPS = 1e-6
 Estimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_adv_est(name: str) -> Callable[[Estimator], Estimator]:
-    def wrap(fn: Estimator) -> Estimator:
-        if name in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} registered twice")
-        ADV_ESTIMATORS[name] = fn
-        return fn
-    return wrap
+register_adv_est = registrar("advantage estimator", ADV_ESTIMATORS, ESTIMATOR_INPUTS)
 
 
 @register_adv_est("gae")
@@ -143,10 +143,39 @@ def remax(*, rewards: torch.Tensor, mask: torch.Tensor, baseline: torch.Tensor):
     return (returns - baseline[:, None]) * mask, returns
 
 
-ESTIMATOR_INPUTS = {name: tuple(inspect.signature(fn).parameters) for name, fn in ADV_ESTIMATORS.items()}
-NEEDS_CRITIC = frozenset(n for n, args in ESTIMATOR_INPUTS.items() if "values" in args)
-NEEDS_GROUPS = frozenset(n for n, args in ESTIMATOR_INPUTS.items() if "group" in args)
-NEEDS_GREEDY = frozenset(n for n, args in ESTIMATOR_INPUTS.items() if "baseline" in args)
+def group_mean_batch_std(advantages: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """LitePPO's advantage normalization (Liu et al. 2025, "Tricks or Traps? A Deep Dive into RL for
+    LLM Reasoning", Sec. 4.1; ROLL's norm_mean_type=group, norm_std_type=batch): centre by the prompt
+    group's mean, scale by the whole batch's standard deviation,
+
+        A'_i,t = (A_i,t - mean_{j in group(i)} a_j) / (std_{all rows j} a_j + eps),   a_j = mean_t A_j,t.
+
+    The group mean removes each prompt's difficulty; the batch std (not GRPO's per-group std) keeps a
+    group whose samples score almost alike from being blown up to unit scale. On an outcome
+    estimator (one advantage per response, a_i = A_i) it is exactly (A_i - mean_group A) / std_batch A;
+    on GAE's per-token advantages each token is shifted by its group's mean row advantage. Once per
+    rollout batch, in place of ppo.adv_normalize's per-minibatch whitening."""
+    m = mask.to(advantages.dtype)
+    row = (advantages * m).sum(1) / m.sum(1).clamp(min=1)
+    mean, _, _ = _group_stats(row, group)
+    real = row[m.sum(1) > 0]  # a row without tokens (dropped by dynamic sampling) has no advantage to count
+    std = real.std() if len(real) > 1 else torch.zeros((), dtype=row.dtype, device=row.device)
+    return (advantages - mean[:, None]) / (std + EPS) * m
+
+
+def informative_groups(scores: torch.Tensor, group: torch.Tensor, tol: float) -> torch.Tensor:
+    """DAPO's dynamic sampling filter (Yu et al. 2025, Sec. 3.2: keep a group only if
+    0 < |{correct samples}| < G): True for the rows of a prompt group whose scores differ by more than
+    `tol` (max - min > tol). A group whose samples all score alike gives every group estimator a zero
+    (or, divided by a tiny group std, a noise-blown) advantage: it carries no signal, only dilutes the
+    batch. DAPO's scores are 0/1 answers, so "alike" is exact; a reward model's scores are real
+    numbers, hence the tolerance."""
+    _, inv = torch.unique(group, return_inverse=True)
+    s = scores.double()
+    empty = torch.zeros(int(inv.max()) + 1 if len(inv) else 0, dtype=s.dtype, device=s.device)
+    hi = empty.scatter_reduce(0, inv, s, "amax", include_self=False)
+    lo = empty.scatter_reduce(0, inv, s, "amin", include_self=False)
+    return (hi - lo)[inv] > tol
 
 
 def estimate(name: str, **inputs: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +187,6 @@ def estimate(name: str, **inputs: torch.Tensor | float) -> tuple[torch.Tensor, t
 
 
 # ------------------------------------------------------------------ loss aggregation (the length bias)
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:

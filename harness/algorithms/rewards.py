@@ -30,6 +30,22 @@ def process_scores(
     return out
 
 
+def overlong_penalty(lengths: torch.Tensor, cap: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, Sec. 3.4), per response of |y| tokens
+    under a length cap L_max with a buffer of L_cache tokens before it:
+
+        R_length(y) = 0                                  if |y| <= L_max - L_cache,
+                      ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max,
+                      -1                                 if |y| > L_max,
+
+    times `factor` (verl's overlong_buffer.penalty_factor), added to the processed score: a response
+    is pushed back from the cap gradually instead of by a truncated, meaningless score. Here no
+    response exceeds the cap (generation stops there), so the worst is -factor at |y| = L_max."""
+    start = cap - buffer
+    over = (lengths.float() - start).clamp(min=0)
+    return -factor * (over / buffer).clamp(max=1.0)
+
+
 def kl_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL(pi || ref) estimate from samples of pi (Schulman's k1, k2, k3)."""
     log_ratio = logprobs - ref_logprobs  # log pi/ref

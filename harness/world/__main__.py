@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                    "builds other weights from one config: runs compare with the reference's world only within "
                    "the world-to-world spread)")
     b.add_argument("--quiet", action="store_true", help="no progress output")
+    b.add_argument("--audit-rms", type=int, default=None, metavar="N",
+                   help="also build N audit reward models beside the world in <out>-audit/ (harness.world.audit: each "
+                   "on its own fresh preference pairs; runs log their scores as a second opinion on the reward, "
+                   "model.audit_reward_paths=auto). Default 0; 3 is what model.audit_reward_paths=world builds")
     s = sub.add_parser("show", help="print what a built world holds")
     s.add_argument("dir", nargs="?", default=DEFAULT_OUT)
     k = sub.add_parser("pack", help="ship a built world with the project (harness/world/shipped/)",
@@ -88,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
             uri = None if (args.tracking_uri or "x").lower() in ("", "none") else resolve_uri(args.tracking_uri)
             args.dir = build_world(cfg, args.out, tracking_uri=uri, experiment=args.experiment,
                                    progress=not args.quiet, force=args.force, shipped=not args.no_shipped)
+            from harness.world.audit import ensure_audit
+
+            n_audit = args.audit_rms or 0
+            if n_audit < 0:
+                raise ConfigError([f"--audit-rms: got {n_audit}; allowed: 0 (none) or a positive count"])
+            ensure_audit(args.dir, n_audit, progress=not args.quiet)
         w = load_world(args.dir)
         counts = {} if args.cmd == "build" else {
             "train_prompts": len(w.train_prompts), "eval_prompts": len(w.eval_prompts), "sft_pairs": len(w.sft_pairs)}
