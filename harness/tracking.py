@@ -224,6 +224,15 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 (runs, metrics, artifacts), not as GenAI (traces, evaluations)."""
 
 
+def ui_url(tracking_uri: str, experiment: str, base: str = "http://127.0.0.1:5000") -> str:
+    """Where `mlflow server` (or `mlflow ui`) on this store shows the experiment's runs as model
+    training: MLflow 3.17's UI picks GenAI or model training by its own switch (the URL's
+    workflowType, else what the browser chose last, GenAI at first), not by EXPERIMENT_KIND."""
+    exp = client(tracking_uri).get_experiment_by_name(experiment)
+    where = f"experiments/{exp.experiment_id}/runs" if exp is not None else "experiments"
+    return f"{base}/#/{where}?workflowType=machine_learning"
+
+
 def ensure_experiment(tracking_uri: str, name: str) -> str:
     """Experiment id for `name`, creating it if needed (safe against a concurrent creator), tagged
     EXPERIMENT_KIND (an experiment of an older store gets the tag unless it has a kind)."""

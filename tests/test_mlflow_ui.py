@@ -34,6 +34,9 @@ def test_experiments_open_as_model_training(store):
     tracking.ensure_experiment(store["uri"], "mine")
     assert c.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
     assert c.get_experiment(mine).tags["mlflow.experimentKind"] == "genai_development"
+    # the address that opens the UI in its model-training view (MLflow 3.17 follows its own switch)
+    exp = c.get_experiment_by_name("kl_eta").experiment_id
+    assert tracking.ui_url(store["uri"], "kl_eta") == f"http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=machine_learning"
 
 
 def test_parent_run_holds_the_report_and_the_claims(store, monkeypatch):
