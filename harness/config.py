@@ -92,6 +92,10 @@ class DataConfig:
     """Prompts longer than this keep their last tokens (the end of a dialogue matters most); they are cut further if prompt + generation.max_new_tokens would not fit the policy's context."""
     eval_prompts: Count = 64
     """Held-out prompts scored at eval steps (gold reward, win rate vs SFT, RM score histogram)."""
+    add_special_tokens: Bool = True
+    """Encode prompts with the special tokens the tokenizer adds for its model's training (a Llama or Mistral tokenizer's BOS; GPT-2's and the embedded world's add none), so the policy, reference, critic and reward model see what they were trained on; false = the text's tokens alone (with a chat template, its leading BOS dropped too)."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Encode prompts through the tokenizer's chat template (an HH-RLHF dialogue as its user and assistant turns, other text as one user turn, ending in the template's assistant prompt): `auto` = when the tokenizer has one (the embedded world's has none), `on` = required (a tokenizer without one is refused before the run), `off` = the raw text."""
 
 
 @section
