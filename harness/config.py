@@ -489,10 +489,10 @@ HASH_NEUTRAL_AT_DEFAULT = (
     "ppo.clip_cov_ratio", "ppo.clip_cov_lb", "ppo.clip_cov_ub", "ppo.kl_cov_ratio", "ppo.kl_cov_coef",
     "reward.overlong_buffer", "reward.overlong_penalty",
     "model.audit_reward_paths", "collapse.on_warning", "collapse.warning_kl_factor", "collapse.warning_kl_min",
-    "collapse.rollback_steps",
+    "collapse.rollback_steps", "data.add_special_tokens", "data.chat_template",
 )
-"""Fields added after runs were stored by their config hash (the tricks after the paper, the audit reward models
-and the actions on a warning), each with a default
+"""Fields added after runs were stored by their config hash (the tricks after the paper, the audit reward models,
+the actions on a warning and how prompts are encoded), each with a default
 that computes what runs did before it existed: at that default they are left out of `config_hash`, so a stored
 run (a grid's, the design study's) keeps its hash and is found, not trained again. Set, they count."""
 
