@@ -6,8 +6,8 @@ by final gold, on held-out runs the detector was not fit on (issue 35, item 4).
 
 The runs: held-out runs of the detector campaign's store (`analysis.detector`'s split, as the
 detector file records it) on which the detector warns; on a run it never warns every action is
-doing nothing, so only warned runs can differ. Up to `--runs` of them, gold falls and holds alike
-in the order of the store (false alarms are where an action costs). Each is trained again from its
+doing nothing, so only warned runs can differ. Up to `--runs` of them: up to a third false
+alarms (gold held; where acting costs), the rest gold falls (where it may save), each in the store's order. Each is trained again from its
 own config.yaml (same seed, same world: the same run up to the warning), once per action: none,
 stop, raise_kl, rollback, with `collapse.stop_on_collapse=false` so "none" runs its whole budget.
 Final gold is `harness.summary`'s final (mean of the last 10% of logged steps; for `stop` those of
@@ -64,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params(a.detector)
     split = D.Split(**params.provenance["split"])
     runs = [r for r in D.assign(D.load_runs(a.source), split) if r.group != "fit" and D.has_features(r, tuple(params.features))]
-    warned = [r for r in runs if D.warn_step(params, r) is not None][: a.runs]
-    print(f"{len(runs)} held-out runs, {sum(D.warn_step(params, r) is not None for r in runs)} warned; acting on "
+    every = [r for r in runs if D.warn_step(params, r) is not None]
+    # false alarms are where acting costs, falls where it may save: up to a third of the runs from the
+    # false alarms, the rest from the falls, each in the store's order
+    alarms = [r for r in every if not r.fell][: a.runs // 3]
+    warned = [r for r in every if r.fell][: a.runs - len(alarms)] + alarms
+    print(f"{len(runs)} held-out runs, {len(every)} warned; acting on "
           f"{len(warned)} ({sum(r.fell for r in warned)} whose gold fell)", flush=True)
     store_dir = Path(a.store)
     store_dir.mkdir(parents=True, exist_ok=True)

@@ -66,8 +66,9 @@ def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[s
     alone, from the store they were run into) put in, the others kept: provenance values joined, `merged`
     naming the commit each came from, the orders made again."""
     res = {**old, "figures": {**old["figures"], **{k: v for k, v in new["figures"].items() if k in names}}}
-    if new.get("detector"):
-        res["detector"] = new["detector"]
+    for k in ("detector", "detector_audit"):
+        if new.get(k):
+            res[k] = new[k]
     if new.get("tricks"):  # the studies of the folder the build wrote into, beside those the summary held
         res["tricks"] = {**(old.get("tricks") or {}), **new["tricks"]}
     res["not_run"] = sorted(set(old.get("not_run") or []) - set(names))
@@ -170,29 +171,43 @@ def worlds_cell(c: dict) -> str:
     return f"{on_worlds(per)}: {', '.join(per)}{pooled}"
 
 
-def detector_text(ev: dict | None) -> list[str]:
+AUDIT_DETECTOR = Path("detector") / "audit" / "evaluation.json"
+"""The detector of runs with audit reward models, its held-out evaluation and the signal families' ablation
+(`python -m analysis.detector families --out reports/detector/audit`), beside today's in detector/."""
+
+
+def detector_text(ev: dict | None, audit: bool = False) -> list[str]:
     if not ev:
         return []
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
-    return (["### The early warning against the gold truth", "",
-             f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`). Fit on "
-             f"{prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
-             f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
-             f"{str(prov.get('split', {}).get('world', '?'))[:8]}; every other row is scored on runs it was not fit on "
-             f"(`reports/detector/`: the operating curve and lead times, `detector.png`).", "",
+    world = prov.get("split", {}).get("world", "?")
+    world = ", ".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
+    folder = "reports/detector/audit/" if audit else "reports/detector/"
+    head = (["### The early warning with audit reward models (`harness/detector_params.json`)", "",
+             "The detector a run uses when it scores its samples with audit reward models "
+             "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`); "
+             f"`{ev['line']}` (`python -m analysis.detector families --out {folder}`)."]
+            if audit else
+            ["### The early warning against the gold truth", "",
+             f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."])
+    head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
+                 f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
+                 f"{world}; every other row is scored on runs it was not fit on "
+                 f"(`{folder}`: the operating curve and lead times, `detector.png`).")
+    return (head + ["",
              _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""]
-            + families_text(ev.get("families")))
+            + families_text(ev.get("families"), folder))
 
 
-def families_text(fam: dict | None) -> list[str]:
+def families_text(fam: dict | None, folder: str = "reports/detector/") -> list[str]:
     """The signal families ablated (`python -m analysis.detector families`): one detector per family set."""
     if not fam:
         return []
     rows = fam["rows"]
     return (["What each signal family adds, out of sample: a detector per family set, lead, patience and "
              "threshold chosen on the fit runs alone (cross-validated there), scored on the same held-out runs "
-             f"(`reports/detector/families.png`: lead against false alarms). Chosen on the fit runs: {fam['chosen']}; "
+             f"(`{folder}families.png`: lead against false alarms). Chosen on the fit runs: {fam['chosen']}; "
              f"for runs without audit reward models: {fam.get('chosen_no_audit') or '-'}.", "",
              _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""])
 
@@ -213,7 +228,8 @@ def readme(summary: dict) -> str:
                   + ".", ""]
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
-    lines += detector_text(summary.get("detector")) + ["### Provenance of the runs", ""]
+    lines += detector_text(summary.get("detector")) + detector_text(summary.get("detector_audit"), audit=True)
+    lines += ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
 
@@ -246,6 +262,8 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
+    if (audit := detector.load_summary(out / AUDIT_DETECTOR)) is not None:
+        summary["detector_audit"] = audit
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
     write_summary(summary, out)
@@ -266,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     ap = argparse.ArgumentParser(prog="python -m reports.reference", description=main.__doc__)
-    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json into the summary")
+    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (and "
+                    "reports/detector/audit/evaluation.json, the audit RMs' detector) into the summary")
     ap.add_argument("--out", default=str(Path(__file__).parent), help="the reference folder (default: reports/)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -278,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
+        if (audit := detector.load_summary(out / AUDIT_DETECTOR)) is not None:
+            summary["detector_audit"] = audit
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
     if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds
         summary["tricks"] = {**(summary.get("tricks") or {}), **found}

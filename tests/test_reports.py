@@ -232,6 +232,7 @@ def test_default_output_is_results_only_and_reference_writes_summary_and_readme(
     assert (tmp_path / "results" / "vanilla" / "report.pdf").is_file() and (tmp_path / "results" / COMBINED).is_file()
     assert "/results/" in (REPO_ROOT / ".gitignore").read_text().split()  # a user's build leaves git status clean
     write_detector_evaluation(tmp_path / "ref" / "detector")
+    write_detector_evaluation(tmp_path / "ref" / "detector" / "audit")  # the audit RMs' detector, beside it
     res = build(["vanilla", "kl_eta"], built["uri"], tmp_path / "ref", ablations_dir=built["registry"],
                 log_figures=False, reference=True)
     text = (tmp_path / "ref" / "reference.json").read_text()
@@ -255,6 +256,9 @@ def test_default_output_is_results_only_and_reference_writes_summary_and_readme(
     assert "Inferred (not stated by the paper): Two seeds stand for the paper's one run." in readme
     assert "### The early warning against the gold truth" in readme and "- commit: synthetic" in readme
     assert f"`{ref['detector']['line']}`" in readme
+    assert ref["detector_audit"]["line"].startswith("held-out: recall ")
+    audit = readme.split("### The early warning with audit reward models")[1].split("### Provenance")[0]
+    assert f"`{ref['detector_audit']['line']}`" in audit and "reports/detector/audit/" in audit
 
 
 def test_reference_of_a_partial_store_holds_only_its_figures(built, tmp_path):
