@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make run    unpack the embedded world if missing, run the Fig. 6 grid, draw it, build its report
-#   make test   run the test suite
+#   make test   ruff, then the test suite on every core
 # Both create or reuse .venv from requirements.lock, whose torch is the CPU build (2.13.0+cpu), so
 # the install never pulls a CUDA build.
 PY      ?= python3
@@ -49,8 +49,12 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VPY) -m harness.main --ablation $(ABLATION) --workers $(WORKERS)
 
+# The linter first (seconds), then the whole suite on every core (pytest-xdist): a test file stays on one
+# worker (--dist loadfile), so a module's shared fixtures (a trained reference grid) are made once.
+# Targeted runs: .venv/bin/python -m pytest -q tests/test_study.py -k sigterm (docs/CONTRIBUTING.md).
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	$(VENV)/bin/ruff check .
+	$(VPY) -m pytest -q -n auto --dist loadfile tests
 
 # The committed reference results from scratch (python -m reports.rerun --help); resumable.
 reference: $(STAMP)

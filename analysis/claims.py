@@ -273,6 +273,36 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
     return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
 
 
+CLAIMS_TABLE = "claims.json"
+"""The claims table on a grid's parent run, in MLflow's table format (mlflow.load_table reads it)."""
+TABLE_COLUMNS = ["claim", "source", "verdict", "worlds", "test", "statistic", "estimate", "interval", "ci_low",
+                 "ci_high", "level", "n", "p_value", "reason"]
+CLAIM_TAG = "harness.claim."
+"""Per-claim tags on the parent run: `harness.claim.<k>` = the k-th claim's verdict (k from 1, two
+digits), `harness.claim.<k>.text` = the claim."""
+
+
+def log_claims(table: pd.DataFrame, tracking_uri: str, run_id: str) -> None:
+    """A grid's claims on its parent run, where MLflow's UI shows them: the table artifact
+    CLAIMS_TABLE (TABLE_COLUMNS; the interval at its level as text too), a verdict tag per claim
+    (CLAIM_TAG; those of an older build's extra claims removed) and the metrics `claims/<verdict>`,
+    how many claims have it, so runs filter (`tags."harness.claim.01" = 'reproduced'`) and sort by them."""
+    t = table.assign(interval=[f"[{fmt(lo)}, {fmt(hi)}]" if pd.notna(lo) else "" for lo, hi in
+                               zip(table["ci_low"], table["ci_high"])])[TABLE_COLUMNS]
+    tracking.log_table(tracking_uri, run_id, t.astype(object).where(t.notna(), None), CLAIMS_TABLE)
+    tags = {}
+    for k, r in enumerate(table.itertuples(), 1):
+        tags |= {f"{CLAIM_TAG}{k:02d}": r.verdict, f"{CLAIM_TAG}{k:02d}.text": r.claim}
+    stale = [k for k in tracking.client(tracking_uri).get_run(run_id).data.tags if k.startswith(CLAIM_TAG) and k not in tags]
+    tracking.delete_tags(tracking_uri, run_id, stale)
+    tracking.set_tags(tracking_uri, run_id, tags)
+    counts = table["verdict"].value_counts()
+    names = {v: f"claims/{v.replace(' ', '_').replace('-', '_')}" for v in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE,
+                                                                          WORLD_DEPENDENT)}
+    tracking.MetricLogger(tracking_uri, run_id).log({m: float(counts.get(v, 0)) for v, m in names.items()},
+                                                    step=tracking.next_step(tracking_uri, run_id, names[REPRODUCED]))
+
+
 def main(argv: list[str] | None = None) -> int:
     tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m analysis.claims", parents=[STORE_OPTIONS], description=__doc__)

@@ -24,7 +24,7 @@ from analysis.figures import FIG_WIDTH_IN
 from analysis.store import STUDY_OPTIONS
 from harness import tracking
 from harness.keys import TAG_SWEEP, TAG_TRIAL
-from harness.sweep import ATTR_PARENT_RUNS, stored_study
+from harness.sweepstore import ATTR_PARENT_RUNS, stored_study
 
 MIN_TRIALS_FOR_IMPORTANCE = 3
 # outcome -> (marker, color) where a plot marks a trial that is not a plain completed one

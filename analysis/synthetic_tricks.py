@@ -19,7 +19,8 @@ import optuna
 
 from harness import design, tracking
 from harness import keys as K
-from harness.sweep import ATTR_SWEEP, SweepSpec, load_sweep, make_sampler
+from harness.sweepfile import SweepSpec, load_sweep, make_sampler
+from harness.sweepstore import ATTR_SWEEP
 
 COLLAPSE_BELOW = -1.0
 Model = Callable[[dict[str, Any], Any, np.random.Generator], tuple[float, float]]
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the sweep file whose design is written (default: ablations/study_tricks.yaml)")
     ap.add_argument("--trials", type=int, default=64)
     args = ap.parse_args(argv)
-    from harness.sweep import default_storage_url
+    from harness.sweepstore import default_storage_url
 
     spec = load_sweep(args.file, tracking_uri=args.tracking_uri)
     write_study(spec, args.tracking_uri, args.storage or default_storage_url(args.tracking_uri),

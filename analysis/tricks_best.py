@@ -27,7 +27,7 @@ from analysis.tricks_data import best_config, load_study
 from harness.config import computed_fields, from_dict, merge
 from harness.registry import ABLATIONS_DIR, RegistryError, load_registry, parse_seeds
 from harness.schema import ConfigError, read_yaml
-from harness.sweep import load_sweep, trial_config
+from harness.sweepfile import load_sweep, trial_config
 from harness.tracking import redact
 
 PPO_MAX = "bases/ppo_max.yaml"

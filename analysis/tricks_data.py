@@ -22,7 +22,7 @@ from analysis.stats import proportion_ci
 from analysis.store import distinct_values, one_or_sorted, provenance_tags
 from harness import tracking
 from harness.design import label
-from harness.sweep import stored_study
+from harness.sweepstore import stored_study
 
 NOT_DRAWN = "(not drawn)"
 """A dependent choice's label in a configuration where its `when` did not hold."""

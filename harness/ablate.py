@@ -13,12 +13,9 @@ it. Resume, layout and executors: docs/CONTRACTS.md, "The ablation runner".
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +29,10 @@ from .registry import (
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .study import (
-    Outcome, Progress, Study, StudyBusy, Task, Tasks, add_executor_args, cluster_params, fmt_duration,
+    Outcome, Progress, Study, StudyBusy, Task, Tasks, add_executor_args, cluster_params, fmt_duration, plan,
 )
 from .tracking import redact
+from .worlds import ensure_worlds
 
 # CPU cost model (--list, the main job): one PPO step on the default world (32 prompts x 24-token
 # cap, 2 epochs) costs about STEP_COST_S on one thread (0.3-0.5 s idle, more once responses reach the
@@ -92,29 +90,22 @@ def run_tags(reg: Registry, spec: Any) -> dict[str, str]:
 def plan_tasks(reg: Registry, existing: list[Any], *, tracking_uri: str, runs_dir: Path, threads: int,
                progress: bool, nproc: int | None, launcher: str) -> tuple[list[Task], dict[str, Outcome]]:
     """Split the grid into runs already FINISHED (their outcomes, by run name) and runs to do: resume
-    the ones last seen KILLED, start the others (new, or FAILED before) from scratch."""
+    the ones last seen KILLED, start the others (new, or FAILED before) from scratch (harness.study.plan)."""
     tasks: list[Task] = []
     done: dict[str, Outcome] = {}
     for spec in reg.runs:
         tags = run_tags(reg, spec)
-        seen = [r for r in existing if tags.items() <= r.data.tags.items()]
-        finished = [r for r in seen if r.info.status == "FINISHED"]
-        if finished:
-            collapsed = finished[-1].data.tags.get(K.TAG_COLLAPSED) == "true"
-            done[spec.run_name] = Outcome(spec.run_name, spec.label, "FINISHED", finished[-1].info.run_id,
-                                          collapsed=collapsed)
-            continue
-        last = seen[-1].info.status if seen else None
-        resume = reg.kind == "train" and last in ("KILLED", "RUNNING")
-        note = "resume from its last checkpoint" if resume else (f"rerun after {last}" if last else "new")
         out_dir = runs_dir / reg.name / spec.config_hash  # a changed config never shares a checkpoint
-        task = Task(spec.run_name, spec.label, to_dict(spec.cfg), kind=reg.kind, resume=resume, note=note, tags=tags,
-                    nproc=nproc, launcher=launcher)
+        task = Task(spec.run_name, spec.label, to_dict(spec.cfg), kind=reg.kind, tags=tags, nproc=nproc,
+                    launcher=launcher)
+        earlier = plan(task, [r for r in existing if tags.items() <= r.data.tags.items()],
+                       run_dir=out_dir / spec.run_name if reg.kind == "train" else None)
+        if earlier is not None:
+            done[spec.run_name] = earlier
+            continue
         if reg.kind == "world":
             task.world = {"out_dir": str(out_dir / "world"), "tracking_uri": tracking_uri, "experiment": reg.name}
         else:
-            if not resume:  # a fresh start must not pick up the checkpoint of a run the store no longer continues
-                shutil.rmtree(out_dir / spec.run_name, ignore_errors=True)
             task.steps = spec.cfg.ppo.steps
             task.cfg = merge(task.cfg, {
                 "threads": task.cfg["threads"] or threads, "logging.tracking_uri": tracking_uri,
@@ -147,57 +138,6 @@ class AblationResult:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
 
-def ensure_worlds(reg: Registry, tracking_uri: str, workers: int = 1, *, missing_default: bool = False) -> None:
-    """Build what the grid's runs read and is not built yet, `workers` at a time (each build in its own
-    process), logged to the store's `world` experiment: the worlds of a grid over worlds (their
-    properties printed), and with `missing_default` (the main job, the reference rerun) the default world
-    at a data.world_dir that holds none. A folder holding a world of another config is used as it is."""
-    from .world import WorldConfig, built_hash, world_config_hash
-
-    todo: dict[str, tuple[Any, dict[str, str]]] = {}
-    if missing_default and reg.kind == "train" and not reg.worlds:
-        for d in sorted({r.cfg.data.world_dir for r in reg.runs if r.cfg.data.source == "world"
-                         or str(r.cfg.model.sft_path).startswith("world:")}):
-            have = built_hash(d)
-            if have is None:
-                todo[d] = (WorldConfig(), {})
-            else:
-                other = "" if have == world_config_hash(WorldConfig()) else (
-                    f", not the default config; to rebuild it: python -m harness.world build --out {d} --force")
-                print(f"  world at {d}: built ({have}{other}); reusing it")
-    build_worlds(reg.worlds, tracking_uri, workers, todo)
-
-
-def build_worlds(worlds: dict[int, tuple[Any, Path]], tracking_uri: str, workers: int = 1,
-                 more: dict[str, tuple[Any, dict[str, str]]] | None = None) -> None:
-    """The worlds of a grid or sweep over worlds (world seed -> (WorldConfig, folder):
-    harness.registry.world_dirs) not built yet, and `more` (folder -> (WorldConfig, tags)), built
-    `workers` at a time, each in its own process, logged to the store's `world` experiment; then each
-    world of `worlds` printed with its properties."""
-    from .launch import in_own_process
-    from .world import build_world, built_hash, load_world, world_config_hash
-
-    todo = dict(more or {})
-    for w, (cfg, d) in worlds.items():
-        if built_hash(d) != world_config_hash(cfg):
-            todo[str(d)] = (cfg, {K.TAG_WORLD_SEED: str(w)})
-    if todo:
-        t0 = time.time()
-        print(f"  building {len(todo)} world(s) into {', '.join(todo)} (pretrain, SFT, preference pairs, reward "
-              "model: several CPU minutes each, once)", flush=True)
-        with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:  # each build in its own process
-            for job in [pool.submit(in_own_process, functools.partial(build_world, progress=len(todo) == 1,
-                                                                      tracking_uri=tracking_uri, experiment="world",
-                                                                      tags=tags), cfg, d)
-                        for d, (cfg, tags) in todo.items()]:
-                job.result()
-        print(f"  world(s) ready ({time.time() - t0:.0f} s)", flush=True)
-    for w, (cfg, d) in worlds.items():
-        m = load_world(d).metrics
-        print(f"  world {w} ({world_config_hash(cfg)}, {d}): RM held-out acc {m.get(K.RM_EVAL_ACC, float('nan')):.3f}, "
-              f"vs gold {m.get(K.RM_EVAL_ACC_GOLD, float('nan')):.3f}, SFT gold {m.get(K.SFT_GOLD_MEAN, float('nan')):+.3f}")
-
-
 def run_ablation(
     reg: Registry,
     *,
@@ -216,10 +156,11 @@ def run_ablation(
     t0 = time.time()
     uri = default_tracking_uri(reg, tracking_uri)
     runs_dir = Path(runs_dir)
-    mine = f"tags.`{K.TAG_ABLATION}` = '{reg.name}'"
-    with Study(uri, reg.name, grid_identity(reg), runs_dir=runs_dir, exclusive=True) as st:
-        st.mark_dead(mine)  # we hold the grid's lock: what still says RUNNING has no runner
-        existing = st.runs(mine)
+    mine = {K.TAG_ABLATION: reg.name}
+    # recover: we hold the grid's lock, so what still says RUNNING has no runner (closed KILLED)
+    with Study(uri, reg.name, grid_identity(reg), runs_dir=runs_dir, exclusive=True,
+               recover=lambda st: st.mark_dead(mine)) as st:
+        existing = tracking.find_runs(uri, reg.name, mine)
         threads = threads or DEFAULT_THREADS
         bars = sys.stderr.isatty() if progress is None else progress
         tasks, outcomes = plan_tasks(reg, existing, tracking_uri=uri, runs_dir=runs_dir, threads=threads,
@@ -269,9 +210,14 @@ def run_ablation(
         except Exception as e:  # noqa: BLE001 - a summary problem must not hide the runs' outcome
             print(f"(could not build or write the summary under {out}: {type(e).__name__}: {e})", file=sys.stderr)
         if tasks:  # a rerun that found everything finished leaves the parent as it was
-            collapsed = sum(bool(o.collapsed) for o in ordered)
-            st.finish(ordered, interrupted=interrupted, metrics={
-                "grid/runs": len(ordered), "grid/failed": len(result.failed), "grid/collapsed": collapsed})
+            failed = [o for o in ordered if not o.ok and o.status != "KILLED"]
+            tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(ordered))}
+            if failed:
+                tags["harness.failed"] = "; ".join(f"{o.label}: {o.why[:200]}" for o in failed)[:4900]
+            st.finish("KILLED" if interrupted else ("FAILED" if failed else "FINISHED"), tags=tags,
+                      clear=() if failed else ("harness.failed", K.TAG_FAILURE), metrics={
+                          "grid/runs": len(ordered), "grid/failed": len(result.failed),
+                          "grid/collapsed": sum(bool(o.collapsed) for o in ordered)})
     return result
 
 

@@ -92,6 +92,10 @@ class DataConfig:
     """Prompts longer than this keep their last tokens (the end of a dialogue matters most); they are cut further if prompt + generation.max_new_tokens would not fit the policy's context."""
     eval_prompts: Count = 64
     """Held-out prompts scored at eval steps (gold reward, win rate vs SFT, RM score histogram)."""
+    add_special_tokens: Bool = True
+    """Encode prompts with the special tokens the tokenizer adds for its model's training (a Llama or Mistral tokenizer's BOS; GPT-2's and the embedded world's add none), so the policy, reference, critic and reward model see what they were trained on; false = the text's tokens alone (with a chat template, its leading BOS dropped too)."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Encode prompts through the tokenizer's chat template (an HH-RLHF dialogue as its user and assistant turns, other text as one user turn, ending in the template's assistant prompt): `auto` = when the tokenizer has one (the embedded world's has none), `on` = required (a tokenizer without one is refused before the run), `off` = the raw text."""
 
 
 @section
@@ -485,10 +489,10 @@ HASH_NEUTRAL_AT_DEFAULT = (
     "ppo.clip_cov_ratio", "ppo.clip_cov_lb", "ppo.clip_cov_ub", "ppo.kl_cov_ratio", "ppo.kl_cov_coef",
     "reward.overlong_buffer", "reward.overlong_penalty",
     "model.audit_reward_paths", "collapse.on_warning", "collapse.warning_kl_factor", "collapse.warning_kl_min",
-    "collapse.rollback_steps",
+    "collapse.rollback_steps", "data.add_special_tokens", "data.chat_template",
 )
-"""Fields added after runs were stored by their config hash (the tricks after the paper, the audit reward models
-and the actions on a warning), each with a default
+"""Fields added after runs were stored by their config hash (the tricks after the paper, the audit reward models,
+the actions on a warning and how prompts are encoded), each with a default
 that computes what runs did before it existed: at that default they are left out of `config_hash`, so a stored
 run (a grid's, the design study's) keeps its hash and is found, not trained again. Set, they count."""
 

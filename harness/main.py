@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     fig_png = Path(RESULTS, reg.name, "figure.png")
     if fig_png.exists():
         print(f"figure: {fig_png.resolve()}")
-    print(f"runs:   mlflow ui --backend-store-uri {redact(uri)}   then http://127.0.0.1:5000 -> "
-          f"experiment {reg.name!r}")
+    print(f"runs:   mlflow server --backend-store-uri {redact(uri)}   then {tracking.ui_url(uri, reg.name)}\n"
+          f"  (the parent run {reg.name!r} <date> holds report.pdf and claims.json; the claims' verdicts are its tags)")
     if result.failed:
         print(f"{len(result.failed)} run(s) failed (see the summary above); rerun the same command to retry them.")
     return 1 if (result.failed or errors) else 0

@@ -138,10 +138,14 @@ def preflight(cfg: TrainConfig) -> list[str]:
                             "or audit reward models (`python -m harness.world build` makes the world's)")
     if not problems:
         try:
-            n_tok = len(load_tokenizer(cfg))
+            tok = load_tokenizer(cfg)
         except (OSError, ValueError) as e:
             return [f"model.tokenizer_path: the tokenizer of {m.tokenizer_path or m.sft_path!r} cannot be loaded "
                     f"locally ({type(e).__name__}: {e})"]
+        n_tok = len(tok)
+        if cfg.data.chat_template == "on" and not tok.chat_template:
+            problems.append(f"data.chat_template: got 'on' but the tokenizer of {m.tokenizer_path or m.sft_path!r} has no "
+                            "chat template; allowed: auto (the template where there is one) or off")
         small = {k: v for k, v in vocab.items() if v < n_tok}
         if small:
             problems.append(f"model.tokenizer_path: the tokenizer has {n_tok} tokens, more than the vocabulary of "
@@ -177,6 +181,26 @@ def load_tokenizer(cfg: TrainConfig):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def uses_chat_template(tok, cfg: TrainConfig) -> bool:
+    """Whether prompts go through the tokenizer's chat template (data.chat_template)."""
+    return cfg.data.chat_template == "on" or (cfg.data.chat_template == "auto" and bool(tok.chat_template))
+
+
+def encode_prompt(tok, text: str, cfg: TrainConfig) -> list[int]:
+    """A prompt's token ids as the model met prompts in its training: through the tokenizer's chat
+    template as a dialogue ending in the assistant's turn (data.chat_template), else the text with
+    the special tokens the tokenizer adds (data.add_special_tokens: a Llama or Mistral BOS). The
+    response follows these ids, so the reward model and critic score the same encoding."""
+    if uses_chat_template(tok, cfg):
+        from .data.hh_rlhf import dialogue_messages
+
+        ids = list(tok.apply_chat_template(dialogue_messages(text), add_generation_prompt=True, tokenize=True,
+                                           return_dict=False))
+        bos = tok.bos_token_id
+        return ids[1:] if not cfg.data.add_special_tokens and bos is not None and ids[:1] == [bos] else ids
+    return tok(text, add_special_tokens=cfg.data.add_special_tokens)["input_ids"]
 
 
 def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:

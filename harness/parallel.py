@@ -283,7 +283,11 @@ def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
     if not hasattr(target, "gradient_checkpointing_enable"):
         raise ConfigError([f"distributed.gradient_checkpointing: got true but {type(target).__name__} does not support it; allowed: false"])
     _no_dropout(module)
-    target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5.2x renamed it activation_checkpointing_enable (the old name warns FutureWarning)
+    if hasattr(target, "activation_checkpointing_enable"):
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class Engine:

@@ -3,10 +3,11 @@ as MLflow child runs of one parent run, executed on one of harness.launch's exec
 from the store alone. `harness.ablate` turns a figure file into tasks, `harness.sweep` an Optuna
 study's ask/tell; this module does the rest for both:
 
-    with Study(uri, experiment, identity, runs_dir=..., exclusive=True) as st:   # the lock
+    with Study(uri, experiment, identity, runs_dir=..., exclusive=True, recover=...) as st:   # the lock
+        done = plan(task, runs, run_dir=...)          # each task against the store: an outcome, or resume/new
         parent = st.parent(create=True, run_name=..., tags=..., params=...)
-        outcomes = st.execute(Tasks(tasks), executor=..., workers=2, progress=Progress(...))
-        st.finish(outcomes, metrics={...})
+        outcomes, interrupted = st.execute(Tasks(tasks), executor=..., workers=2, progress=Progress(...))
+        st.finish("FINISHED", tags={...}, metrics={...})
 
 - The lock beside the store (a sqlite store's file, else the runs folder): a grid's is exclusive
   (a second runner is refused, naming it), a sweep's is shared by every runner of the study. A
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -189,15 +191,16 @@ class Watchdog:
         return False
 
 
-def run_task(task: Task) -> Outcome:
-    """Run one task to its end in this process; never raises except KeyboardInterrupt. A worker
-    whose runner died exits once its run has ended KILLED."""
+def run_task(task: Task, work: "TaskWork | None" = None) -> Outcome:
+    """Run one task to its end in this process with `work` (its kind's, `task_kind`); never raises
+    except KeyboardInterrupt. A worker whose runner died exits once its run has ended KILLED."""
     t0, dog = time.time(), Watchdog(task.runner)
+    work = work or task_kind(task.kind)
     uri = (task.world or {}).get("tracking_uri") if task.kind == "world" else (task.cfg.get("logging") or {}).get(
         "tracking_uri")
     try:
         with tracking.resolved_store(uri):  # the runner's store, whatever this process's environment says
-            out = _build_world(task) if task.kind == "world" else _train(task, dog.check)
+            out = work(task, dog.check)
     except KeyboardInterrupt:
         if dog.gone.is_set():  # nobody waits for this outcome: leave
             os._exit(0)
@@ -229,7 +232,7 @@ def _train(task: Task, on_step: Callable[..., bool]) -> Outcome:
                    res.error)
 
 
-def _build_world(task: Task) -> Outcome:
+def _build_world(task: Task, on_step: Callable[..., bool] | None = None) -> Outcome:
     """kind world: build the world of this task; its RM training is the run."""
     from .world import build_world
     from .world.config import world_config_from_dict
@@ -243,16 +246,67 @@ def _build_world(task: Task) -> Outcome:
                     force=True)
     except Exception as e:  # noqa: BLE001 - build_world has ended its run FAILED
         error = f"{type(e).__name__}: {e}"
-    runs = find_runs(w["tracking_uri"], w["experiment"], task.tags)  # the run build_world logged, by our tags
+    runs = tracking.find_runs(w["tracking_uri"], w["experiment"], task.tags)  # the run build_world logged, by our tags
     status = runs[-1].info.status if runs and not error else "FAILED"
     return Outcome(task.key, task.label, status, runs[-1].info.run_id if runs else None, error=error)
 
 
-def find_runs(uri: str, experiment: str, tags: dict[str, str], where: str = "") -> list[Any]:
-    """Runs of the experiment carrying every one of `tags`, oldest first."""
-    query = " and ".join([f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([where] if where else []))
-    runs = tracking.client(uri).search_runs([tracking.ensure_experiment(uri, experiment)], query, max_results=50000)
-    return sorted(runs, key=lambda r: r.info.start_time)
+TaskWork = Callable[[Task, Callable[..., bool]], Outcome]
+"""What runs a task of one kind in its worker: (task, on_step) -> its outcome; on_step is the training
+callback that raises KeyboardInterrupt once the runner is gone (Watchdog.check). A module-level function:
+it travels to the worker by reference (pickled by its module and name)."""
+TASK_KINDS: dict[str, TaskWork] = {"train": _train, "world": _build_world}
+"""Task.kind -> its work: harness.train, or a world build (whose reward-model training is the run)."""
+BUILT_IN_KINDS = tuple(TASK_KINDS)
+
+
+def register_task_kind(kind: str, work: TaskWork) -> None:
+    """Make `work` the task kind `kind` in this process (and in the workers it starts, which get it with
+    each task): the test suite's fake tasks, which sleep, fail or log metrics in milliseconds, so that a
+    runner's locks, kill -9 and resume, SIGTERM and dead-run recovery are tested without training. Refused
+    outside the test suite (pytest sets PYTEST_VERSION): a runner trains and builds worlds, nothing else."""
+    if "PYTEST_VERSION" not in os.environ:
+        raise RuntimeError(f"task kind {kind!r}: got a task kind registered outside the test suite; allowed: "
+                           f"the built-in kinds {', '.join(BUILT_IN_KINDS)} (fake kinds: only under pytest)")
+    TASK_KINDS[kind] = work
+
+
+def task_kind(kind: str) -> TaskWork:
+    """The work of a task kind (TASK_KINDS); ValueError naming the kinds known."""
+    try:
+        return TASK_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"task kind: got {kind!r}; allowed: {', '.join(TASK_KINDS)}") from None
+
+
+REUSED = "finished earlier"
+"""The note of a task whose run FINISHED earlier: its outcome is taken from the store, nothing runs."""
+
+
+def plan(task: Task, runs: list[Any], *, run_dir: Path | None, steps: int = 0, prune_stops: bool = False
+         ) -> Outcome | None:
+    """Plan a task against the store, for every runner: `runs` are those carrying its tags, oldest first.
+    A run FINISHED -> its outcome (the newest; nothing to run). Else the task resumes the newest run when it
+    was left KILLED or RUNNING (its runner died) and the task trains, or starts afresh (new, or after FAILED),
+    its `run_dir` cleared so it never picks up the checkpoint of a run the store no longer continues.
+    `prune_stops`: a run ended early by its training callback (a pruned trial: harness.stopped_by=callback)
+    is not its configuration's whole run, so it is no outcome to reuse."""
+    def status(r: Any) -> str:
+        cut = prune_stops and r.info.status == "FINISHED" and r.data.tags.get(K.TAG_STOPPED) == "callback"
+        return "stopped early (pruned)" if cut else r.info.status
+
+    finished = [r for r in runs if status(r) == "FINISHED"]
+    if finished:
+        r = finished[-1]
+        m = r.data.metrics
+        return Outcome(task.key, task.label, "FINISHED", r.info.run_id, steps, r.data.tags.get(K.TAG_COLLAPSED) == "true",
+                       int(m[K.COLLAPSE_STEP]) if K.COLLAPSE_STEP in m else None, note=REUSED)
+    last = status(runs[-1]) if runs else None
+    task.resume = task.kind == "train" and last in ("KILLED", "RUNNING")
+    task.note = "resume from its last checkpoint" if task.resume else (f"rerun after {last}" if last else "new")
+    if run_dir is not None and not task.resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return None
 
 
 # ------------------------------------------------------------------ where tasks come from
@@ -351,7 +405,7 @@ class Progress:
 
 def _running_run(uri: str, task: Task) -> Any:
     logging = task.cfg.get("logging") or {}
-    runs = find_runs(uri, logging.get("experiment") or "", task.tags, "attributes.status = 'RUNNING'")
+    runs = tracking.find_runs(uri, logging.get("experiment") or "", task.tags, "attributes.status = 'RUNNING'")
     return runs[-1] if runs else None
 
 
@@ -465,19 +519,12 @@ class Study:
         return filelock.FileLock(self.lock_path.with_name(self.lock_path.name.replace("study", "create", 1)))
 
     # -- the store
-    def runs(self, where: str = "") -> list[Any]:
-        """Every run of this study's experiment matching `where`, oldest first."""
-        runs = tracking.client(self.uri).search_runs([tracking.ensure_experiment(self.uri, self.experiment)], where,
-                                                     max_results=50000)
-        return sorted(runs, key=lambda r: r.info.start_time)
-
-    def mark_dead(self, where: str) -> list[str]:
-        """Runs matching `where` still RUNNING while no other runner is alive belong to a runner
-        that died (or a worker that crashed): close them as KILLED (resuming reopens a train run)."""
+    def mark_dead(self, tags: dict[str, str]) -> list[str]:
+        """Runs carrying `tags` still RUNNING while no other runner is alive belong to a runner that died
+        (or a worker that crashed): close them as KILLED (resuming reopens a train run)."""
         if not self.alone:
             return []
-        dead = [r.info.run_id for r in self.runs(f"attributes.status = 'RUNNING' and {where}" if where
-                                                  else "attributes.status = 'RUNNING'")]
+        dead = [r.info.run_id for r in tracking.find_runs(self.uri, self.experiment, tags, "attributes.status = 'RUNNING'")]
         for rid in dead:
             tracking.end_run(self.uri, rid, "KILLED")
         return dead
@@ -486,7 +533,7 @@ class Study:
                note: str | None = None) -> str | None:
         """The study's parent run, reopened by its identity; else a new one when `create`."""
         with self.creation_lock():
-            same = self.runs(f"tags.`{K.TAG_ROLE}` = 'parent' and tags.`{TAG_STUDY_HASH}` = '{self.hash}'")
+            same = tracking.find_runs(self.uri, self.experiment, {K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash})
             if same:
                 self.parent_run_id = same[-1].info.run_id
                 tracking.reopen_run(self.uri, self.parent_run_id)
@@ -532,7 +579,7 @@ class Study:
                 for t in source.take(free) if free > 0 else []:
                     t.parent_run_id, t.runner = t.parent_run_id or self.parent_run_id, runner
                     outcomes[t.key] = Outcome(t.key, t.label, "KILLED", error="interrupted", note="interrupted")
-                    f = ex.submit(run_task, t)
+                    f = ex.submit(run_task, t, task_kind(t.kind))
                     futures[f] = t
                     if f.done():  # --workers 0 ran it already
                         collect(f, futures.pop(f))
@@ -562,21 +609,18 @@ class Study:
         return outcomes, interrupted
 
     # -- the end
-    def finish(self, outcomes: list[Outcome], *, interrupted: bool, metrics: dict[str, float] | None = None,
-               tags: dict[str, str] | None = None) -> None:
-        """Close the parent run: FINISHED, FAILED (any task failed) or KILLED (interrupted), with
-        the counts as tags; the failure tags of an earlier attempt go when nothing failed now; the
-        metrics are logged once per invocation (at the step after the last one logged)."""
+    def finish(self, status: str, *, tags: dict[str, str] | None = None, clear: tuple[str, ...] = (),
+               metrics: dict[str, float] | None = None) -> None:
+        """Close the parent run `status` (FINISHED, FAILED or KILLED) for every runner: `tags` set, the tags
+        in `clear` removed where it has them (an earlier attempt's failure, when nothing failed now), the
+        `metrics` logged once per invocation (at the step after the last one logged)."""
         if self.parent_run_id is None:
             return
         uri, pid = self.uri, self.parent_run_id
-        failed = [o for o in outcomes if not o.ok and o.status != "KILLED"]
-        all_tags = {"harness.failed_runs": str(len(failed)), "harness.runs_total": str(len(outcomes)), **(tags or {})}
-        if failed:
-            all_tags["harness.failed"] = "; ".join(f"{o.label}: {o.why[:200]}" for o in failed)[:4900]
-        tracking.set_tags(uri, pid, all_tags)
-        if not failed:
-            tracking.delete_tags(uri, pid, ["harness.failed", K.TAG_FAILURE])
+        if tags:
+            tracking.set_tags(uri, pid, tags)
+        if clear:
+            tracking.delete_tags(uri, pid, list(clear))
         if metrics:
             tracking.MetricLogger(uri, pid).log(metrics, step=tracking.next_step(uri, pid, next(iter(metrics))))
-        tracking.end_run(uri, pid, "KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
+        tracking.end_run(uri, pid, status)

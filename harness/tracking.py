@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import posixpath
 import re
 import sqlite3
 import sys
@@ -218,18 +219,36 @@ def client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""MLflow's own experiment-kind tag (read by MLflow 3's UI): open the experiment as model training
+(runs, metrics, artifacts), not as GenAI (traces, evaluations)."""
+
+
+def ui_url(tracking_uri: str, experiment: str, base: str = "http://127.0.0.1:5000") -> str:
+    """Where `mlflow server` (or `mlflow ui`) on this store shows the experiment's runs as model
+    training: MLflow 3.17's UI picks GenAI or model training by its own switch (the URL's
+    workflowType, else what the browser chose last, GenAI at first), not by EXPERIMENT_KIND."""
+    exp = client(tracking_uri).get_experiment_by_name(experiment)
+    where = f"experiments/{exp.experiment_id}/runs" if exp is not None else "experiments"
+    return f"{base}/#/{where}?workflowType=machine_learning"
+
+
 def ensure_experiment(tracking_uri: str, name: str) -> str:
-    """Experiment id for `name`, creating it if needed (safe against a concurrent creator)."""
+    """Experiment id for `name`, creating it if needed (safe against a concurrent creator), tagged
+    EXPERIMENT_KIND (an experiment of an older store gets the tag unless it has a kind)."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        for k, v in EXPERIMENT_KIND.items():
+            if k not in exp.tags:
+                c.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
     db = sqlite_path(tracking_uri)  # keep its artifacts beside the db file, not in the cwd
     root = (db.resolve().parent / "mlartifacts" / name).as_uri() if db is not None else None
     try:
-        return c.create_experiment(name, artifact_location=root)
+        return c.create_experiment(name, artifact_location=root, tags=EXPERIMENT_KIND)
     except Exception:
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -262,16 +281,23 @@ def run_exists(tracking_uri: str, run_id: str) -> bool:
         raise
 
 
-def find_runs(tracking_uri: str, experiment: str, tags: dict[str, str]) -> list[Any]:
-    """The runs of `experiment` carrying every tag of `tags`, newest first ([] without the experiment)."""
+def run_filter(tags: dict[str, str] | None = None, where: str = "") -> str:
+    """The one MLflow filter string of the harness: every tag of `tags` equal (values without quotes), and
+    `where` (e.g. "attributes.status = 'RUNNING'")."""
+    if any("'" in v for v in (tags or {}).values()):
+        raise ValueError(f"find_runs: tag values may not contain quotes: {tags}")
+    return " and ".join([f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()] + ([where] if where else []))
+
+
+def find_runs(tracking_uri: str, experiment: str, tags: dict[str, str] | None = None, where: str = "") -> list[Any]:
+    """The runs of `experiment` carrying every tag of `tags` and matching `where`, oldest first ([] without
+    the experiment)."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    if any("'" in v for v in tags.values()):
-        raise ValueError(f"find_runs: tag values may not contain quotes: {tags}")
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    return list(c.search_runs([exp.experiment_id], query, max_results=50000, order_by=["attributes.start_time DESC"]))
+    runs = c.search_runs([exp.experiment_id], run_filter(tags, where), max_results=50000)
+    return sorted(runs, key=lambda r: r.info.start_time)
 
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:
@@ -352,6 +378,17 @@ def log_file_artifacts(tracking_uri: str, run_id: str, files: Iterable[str | Pat
     c = client(tracking_uri)
     for f in files:
         c.log_artifact(run_id, str(f), artifact_path=artifact_path)
+
+
+def log_table(tracking_uri: str, run_id: str, table: Any, artifact_file: str) -> None:
+    """A pandas table as the run's table artifact (MLflow's UI shows it as a table), replacing one
+    logged before under that name (MLflow's log_table would append to it)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    c = client(tracking_uri)
+    if artifact_file in {a.path for a in c.list_artifacts(run_id, posixpath.dirname(artifact_file) or None)}:
+        get_artifact_repository(c.get_run(run_id).info.artifact_uri, tracking_uri).delete_artifacts(artifact_file)
+    c.log_table(run_id, table, artifact_file)
 
 
 def load_json_artifact(tracking_uri: str, run_id: str, artifact_path: str) -> Any:

@@ -169,7 +169,7 @@ def _read_run_file(cfg: TrainConfig, run_dir: Path, chash: str) -> dict | None:
         print(f"[harness] {problem}; {where} holds no run named {name!r} with config hash {chash}: "
               "starting the run over from step 0", file=sys.stderr)
         return None
-    run_id = same[0].info.run_id  # the newest
+    run_id = same[-1].info.run_id  # the newest
     print(f"[harness] {problem}; continuing MLflow run {run_id} (found in {where} by its name {name!r} and "
           f"config hash {chash}) from its checkpoint", file=sys.stderr)
     return {"run_id": run_id, "config_hash": chash}

@@ -24,7 +24,7 @@ from .algorithms.estimators import NEEDS_GREEDY, aggregate, compute_gae, estimat
 from .algorithms.rewards import overlong_penalty
 from .config import TrainConfig
 from .data import PromptSource
-from .models import Models
+from .models import Models, encode_prompt
 from .parallel import DistEnv, Engine, NonFiniteLoss, frozen
 from .rollout import (
     STREAM_EVAL, STREAM_ROLLOUT, Rollout, counter_hash, critic_values, fuse_activations, last_scores, left_pad,
@@ -231,8 +231,10 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ data
     def _encode_prompt(self, text: str) -> list[int]:
-        ids = self.tok(text, add_special_tokens=False)["input_ids"]
-        return ids[-self.max_prompt_tokens:]
+        """`models.encode_prompt`'s ids; a longer prompt keeps its last tokens, and its leading BOS."""
+        ids, n = encode_prompt(self.tok, text, self.cfg), self.max_prompt_tokens
+        keep = int(n > 1 and self.tok.bos_token_id is not None and ids[:1] == [self.tok.bos_token_id])
+        return ids if len(ids) <= n else ids[:keep] + ids[len(ids) - n + keep:]
 
     def next_prompts(self, n: int) -> list[int]:
         """Indices of the next n training prompts: a fresh shuffle each pass over the data."""

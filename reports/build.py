@@ -35,7 +35,7 @@ from reportlab.platypus import (
 )
 
 from analysis import detector
-from analysis.claims import check_claims
+from analysis.claims import check_claims, log_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED, WORLD_DEPENDENT
 from analysis.store import STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation
@@ -494,6 +494,11 @@ def build(ablations: list[str] | None, tracking_uri: str | None = None, out: str
             print(f"error: {name}: {errors[str(name)]}", file=sys.stderr)
     sections.sort(key=lambda s: paper_key(s.spec.order, s.spec.name))
     reports = {s.spec.name: write_pdf(out / s.spec.name / "report.pdf", [s], info, st) for s in sections}
+    for s in sections if log_figures else []:  # the grid's parent run: its report and claims, for MLflow's UI
+        if s.data.parent_run_id:
+            tracking.log_file_artifacts(uri, s.data.parent_run_id, [reports[s.spec.name]])
+            if not s.claims.empty:
+                log_claims(s.claims, uri, s.data.parent_run_id)
     # one named ablation must not replace the combined report of everything with itself alone, nor may a partial store
     whole = sections and not skipped and not errors and (not ablations or len(sections) > 1)
     whole = (whole or (reference and bool(sections))) and not merge  # the reference: every figure it holds

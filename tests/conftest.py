@@ -50,3 +50,16 @@ def detector_file(tmp_path):
     from test_detector import write_detector
 
     return write_detector(tmp_path / "detector.json")
+
+
+@pytest.fixture
+def fake_training(monkeypatch):
+    """Train tasks of the runners in this process (and their workers) are tests/fakes.py's fake_train:
+    milliseconds a step, the store and run folders as real runs leave them."""
+    from fakes import fake_train
+
+    from harness import study
+
+    monkeypatch.setattr(study, "TASK_KINDS", dict(study.TASK_KINDS))  # the built-in table back after the test
+    study.register_task_kind("train", fake_train)
+    return fake_train

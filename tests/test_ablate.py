@@ -20,45 +20,14 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from helpers import STEPS, VARIANTS, tiny_grid, write_sweep
+
 from harness import ablate
 from harness import keys as K
 from harness import summary as S
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-VARIANTS = ["reward scale", "reward normalize, δ=0.8"]
-STEPS = 20  # long enough that a run past step 2 is still in flight when the kill test kills it
-
-
-def tiny_grid(tmp_path: Path, world: Path, name: str, extra_variant: str = "") -> Path:
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(f"""
-name: {name}
-figure: "6"
-title: tiny two-variant grid
-base: bases/vanilla.yaml
-set:
-  data.world_dir: {world}
-  data.eval_prompts: 8
-  ppo.steps: {STEPS}
-  ppo.rollout_batch_size: 8
-  ppo.num_minibatches: 2
-  ppo.ppo_epochs: 1
-  generation.max_new_tokens: 8
-  logging.eval_every: 2
-  logging.sample_every: 0
-  logging.checkpoint_every: 1
-seeds: [0]
-variants:
-  - name: "{VARIANTS[0]}"
-    set: {{reward.scale: true}}
-  - name: "{VARIANTS[1]}"
-    set: {{reward.normalize: true, reward.clip: 0.8}}
-{extra_variant}
-""")
-    return p
-
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
@@ -318,8 +287,6 @@ def test_cluster_engine_cancels_its_jobs_on_interrupt(tmp_path):
 
 
 def test_reference_rerun_runs_every_file_resumes_and_builds_the_reference(tmp_path, tiny_world, capsys):
-    from test_sweep import write_sweep
-
     from reports import rerun
 
     abl = tmp_path / "ablations"

@@ -106,3 +106,42 @@ def test_one_definition_of_the_known_metrics_and_the_stop_file():
         if path.name != "keys.py":
             assert not re.search(r'STOP_FILE\s*=\s*"', text), f"{path} defines STOP_FILE again"
             assert "STEP_METRICS + " not in text, f"{path} builds a list of known metrics again"
+
+
+RUNNERS = ("harness.ablate", "harness.sweep", "harness.trials", "harness.study", "harness.launch", MAIN_JOB)
+"""What runs studies (locks, workers, training); analysis reads what they stored through the read-only
+modules beside them (harness.sweepstore, harness.sweepfile, harness.registry, harness.tracking)."""
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph[todo.pop()] - seen:
+            seen.add(n)
+            todo.append(n)
+    return seen
+
+
+def test_the_two_runners_are_siblings_that_never_import_each_other():
+    graph = import_graph()
+    assert "harness.sweep" not in _reaches(graph, "harness.ablate")
+    assert "harness.ablate" not in _reaches(graph, "harness.sweep")
+
+
+RERUN = "reports.rerun"
+"""`make reference`: it reruns every figure file and sweep (through the runners), then builds the reports."""
+
+
+def test_analysis_and_reports_never_import_a_runner():
+    """Reading a study back needs no runner, Optuna's sampling or a worker pool: only what it stored."""
+    graph = import_graph()
+    readers = [m for m in graph if m.startswith(("analysis", "reports")) and m != RERUN]
+    bad = [f"{m} reaches {sorted(_reaches(graph, m) & set(RUNNERS))}" for m in readers
+           if _reaches(graph, m) & set(RUNNERS)]
+    assert not bad, "a reader imports a runner:\n" + "\n".join(bad)
+
+
+def test_no_module_of_the_harness_is_above_700_lines_and_the_sweep_runner_is_slim():
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "harness").rglob("*.py")}
+    assert not {p: n for p, n in sizes.items() if n > 700}
+    assert sizes["harness/sweep.py"] <= 450

@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 
-from harness import design, sweep
+from harness import design, sweep, sweepfile
 from harness.config import from_dict
 from harness.schema import ConfigError
 
@@ -36,10 +36,10 @@ def study_copy(tmp_path: Path, name: str = "study_tricks", **changes) -> Path:
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
-    return sweep.load_sweep(study_copy(tmp_path_factory.mktemp("design")))
+    return sweepfile.load_sweep(study_copy(tmp_path_factory.mktemp("design")))
 
 
-def ask(study: optuna.Study, spec: sweep.SweepSpec) -> dict:
+def ask(study: optuna.Study, spec: sweepfile.SweepSpec) -> dict:
     trial = study.ask()
     params = design.suggest(spec.space, trial)
     study.tell(trial, 0.0)
@@ -71,22 +71,22 @@ def test_the_first_eight_sobol_points_meet_every_value_of_each_choice_drawn_alwa
 
 def test_a_trial_config_takes_group_settings_and_otherwise_values(spec):
     params = next(p for p in spec.design if p["algorithm"] == "grpo" and p["reward"] == "scale")
-    cfg = from_dict(sweep.trial_config(spec, params))
+    cfg = from_dict(sweepfile.trial_config(spec, params))
     assert cfg.ppo.adv_estimator == "grpo" and cfg.generation.samples_per_prompt == 4
     assert cfg.reward.scale and not cfg.reward.normalize and cfg.reward.clip is None  # reward.clip: otherwise null
     assert cfg.ppo.critic_pretrain_steps == 0 and cfg.ppo.value_clip is None and cfg.ppo.gae_lambda == 0.9
     params = next(p for p in spec.design if p["ppo.kl_coef"] == 0.0)
-    assert from_dict(sweep.trial_config(spec, params)).ppo.kl_estimator == "k1"
+    assert from_dict(sweepfile.trial_config(spec, params)).ppo.kl_estimator == "k1"
 
 
 @pytest.mark.parametrize("sampler", ["sobol", "random"])
 def test_a_seeded_design_reproduces_with_two_runners_and_a_made_up_trial(tmp_path, spec, sampler):
-    s = spec if sampler == "sobol" else sweep.load_sweep(study_copy(tmp_path, sampler={"name": "random", "seed": 3}))
-    alone = design.simulate(s.space, lambda: sweep.make_sampler(s), 12, s.direction)
-    assert alone == design.simulate(s.space, lambda: sweep.make_sampler(s), 12, s.direction)
+    s = spec if sampler == "sobol" else sweepfile.load_sweep(study_copy(tmp_path, sampler={"name": "random", "seed": 3}))
+    alone = design.simulate(s.space, lambda: sweepfile.make_sampler(s), 12, s.direction)
+    assert alone == design.simulate(s.space, lambda: sweepfile.make_sampler(s), 12, s.direction)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    a = optuna.create_study(storage=url, study_name="x", sampler=sweep.make_sampler(s), direction=s.direction)
-    b = optuna.load_study(storage=url, study_name="x", sampler=sweep.make_sampler(s))  # a second runner
+    a = optuna.create_study(storage=url, study_name="x", sampler=sweepfile.make_sampler(s), direction=s.direction)
+    b = optuna.load_study(storage=url, study_name="x", sampler=sweepfile.make_sampler(s))  # a second runner
     got = [ask(a, s), ask(b, s), ask(b, s), ask(a, s)]
     a.enqueue_trial(got[1], user_attrs={"retry_of": 1})  # trial 1 interrupted: made up with its values
     got += [ask(a, s)] + [ask(r, s) for r in (b, a, b, a, b, a, b, a)]
@@ -195,7 +195,7 @@ def test_the_dry_run_prints_the_plan_and_the_design(tmp_path, monkeypatch, capsy
 
 
 def test_a_design_too_short_for_a_value_warns(tmp_path):
-    s = sweep.load_sweep(study_copy(tmp_path, trials=4))
+    s = sweepfile.load_sweep(study_copy(tmp_path, trials=4))
     assert len(s.warnings) == 1 and "trials never draw" in s.warnings[0] and "ppo.gae_lambda=" in s.warnings[0], s.warnings
     with pytest.raises(ConfigError, match="sampler.seed: got None with sampler sobol"):
-        sweep.load_sweep(study_copy(tmp_path, sampler={"name": "sobol", "seed": None}))
+        sweepfile.load_sweep(study_copy(tmp_path, sampler={"name": "sobol", "seed": None}))

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from test_fuzz_config import _parts, bad_values, mistype
 
-from harness import ablate, sweep
+from harness import ablate, sweep, sweepfile
 from harness.config import TrainConfig
 from harness.registry import ABLATIONS_DIR, RULES, FigureFile
 from harness.schema import iter_fields
@@ -90,8 +90,8 @@ def sweep_schema(data: dict[str, Any], path: list[str]) -> tuple[Any, list, str]
     if path[0] == "search_space" and len(path) > 2 and (path[2] in ("otherwise", "choices") or path[2].isdigit()):
         found = config_field(TrainConfig, path[1])
         return found and (*found, path[1])
-    found = section_field(sweep.Dimension, path[2:]) if path[0] == "search_space" and len(path) == 3 else \
-        section_field(sweep.SweepFile, path)
+    found = section_field(sweepfile.Dimension, path[2:]) if path[0] == "search_space" and len(path) == 3 else \
+        section_field(sweepfile.SweepFile, path)
     return found and (*found, ".".join(path))
 
 
@@ -200,7 +200,7 @@ def generated(file: str) -> list[Case]:
             out += [Case(file, f"{'.'.join(path)}: section {what}", mutated(data, path, v), ".".join(path))
                     for what, v in bad]
     for path in [[]] + list(sections(data)):
-        found = (FigureFile if file not in SWEEP_FILES else sweep.SweepFile, []) if not path else schema_of(data, path)
+        found = (FigureFile if file not in SWEEP_FILES else sweepfile.SweepFile, []) if not path else schema_of(data, path)
         node = get(data, path)
         if found and isinstance(node, dict):
             out += [Case(file, f"{'.'.join([*path, k])}: missing", mutated(data, [*path, k], delete=True), k)

@@ -6,7 +6,10 @@ reader, and --tracking-uri beating it; a rerun that clears an earlier attempt's 
 over two worlds; a sweep through submitit; one process per run folder; a resumed run that keeps its
 collapse and its step count.
 
-Grids train 40-step runs (long enough to be in flight when killed), sweeps 2-step trials.
+The runner semantics (kill -9, SIGTERM, a dead worker, two sweeps at once) run fake training tasks
+(tests/fakes.py: the store and run folders as real runs leave them, in milliseconds a step): one real
+kill -9 and resume per runner stays, in test_ablate.py and test_study_e2e.py. Grids run 100-step
+fake runs (long enough to be in flight when killed), sweeps 2-step trials.
 """
 from __future__ import annotations
 
@@ -17,106 +20,28 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 import torch
 from conftest import fast_overrides
 from optuna.trial import TrialState
-from test_ablate import VARIANTS, tiny_grid
-from test_sweep import write_sweep
+from fakes import expected_points, runner_command
+from helpers import (
+    VARIANTS, alive_in, assert_resumed_like, grid_argv, last_step, runs_in, started, store_uri, tiny_grid, wait_for,
+    write_sweep,
+)
 
-from harness import ablate, sweep, tracking
+from harness import ablate, sweep, sweepfile, tracking
 from harness import keys as K
 from harness import train as harness_train
 from harness.config import load_config
-from harness.study import Study
+from harness.study import Study, task_kind
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 40
-LONG = ["--set", f"ppo.steps={STEPS}"]  # the grid files of test_ablate train 20 steps
-
-
-def store_uri(folder: Path) -> str:
-    return f"sqlite:///{folder / 'mlflow.db'}"
-
-
-def grid_argv(store: Path, path: Path, *more: str) -> list[str]:
-    return [str(path), "--tracking-uri", store_uri(store), "--runs-dir", str(store / "runs"), "--threads", "1",
-            "--no-progress", *more]
-
-
-def runs_in(uri: str, experiment: str, role: str = "train") -> list:
-    """Runs of the experiment with this harness.role, oldest first ([] before it exists). The client
-    creates a new store under the lock the runners take."""
-    c = tracking.client(uri)
-    exp = c.get_experiment_by_name(experiment)
-    found = c.search_runs([exp.experiment_id], f"tags.`{K.TAG_ROLE}` = '{role}'") if exp else []
-    return sorted(found, key=lambda r: r.info.start_time)
-
-
-def last_step(uri: str, run_id: str) -> int:
-    return max((m.step for m in tracking.client(uri).get_metric_history(run_id, K.RM_SCORE)), default=0)
-
-
-def points(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """metric -> every logged (step, value), in step order (perf/ timings left out)."""
-    c = tracking.client(uri)
-    return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k))
-            for k in c.get_run(run_id).data.metrics if not k.startswith("perf/")}
-
-
-def logged_twice(pts: dict[str, list[tuple[int, float]]]) -> list[str]:
-    return [f"{k}@{s}" for k, p in pts.items() for s, n in Counter(s for s, _ in p).items() if n > 1]
-
-
-def assert_resumed_like(uri: str, run_id: str, reference_id: str) -> None:
-    """The resumed run holds every point of the uninterrupted one, each once, with the same value."""
-    got, want = points(uri, run_id), points(uri, reference_id)
-    assert not logged_twice(got), f"points logged twice after the resume: {logged_twice(got)[:5]}"
-    assert got == want
-
-
-@contextlib.contextmanager
-def started(module: str, argv: list[str], cwd: Path, log: Path, **env: str):
-    """`python -m module argv` in a session of its own (as a runner started from a shell); whatever
-    of that session is still alive at the end is killed."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=cwd, env=full_env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def wait_for(found, proc: subprocess.Popen, what: str, log: Path, timeout_s: float = 300):
-    """Poll `found()` until it is truthy (the runner must still be alive meanwhile)."""
-    deadline = time.monotonic() + timeout_s
-    while not (hit := found()):
-        assert proc.poll() is None, f"the runner ended before {what}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
-    return hit
-
-
-def alive_in(session: int, folder: Path) -> list[str]:
-    """Processes (zombies aside) of this session, or whose command line names `folder`."""
-    left = []
-    for p in psutil.process_iter(["status", "cmdline"]):
-        try:
-            mine = os.getsid(p.pid) == session or str(folder) in " ".join(p.info["cmdline"] or [])
-            if mine and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
-                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:200]}")
-        except (OSError, psutil.Error):
-            continue  # gone meanwhile, or not ours to see
-    return left
+STEPS = 100  # fake steps (tests/fakes.py: STEP_S each): a run is seconds in flight
+LONG = ["--set", f"ppo.steps={STEPS}"]  # the grid files of helpers.tiny_grid train 20 steps
 
 
 @pytest.fixture(scope="module")
@@ -125,20 +50,17 @@ def store(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("store")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, store, tiny_world) -> dict:
-    """test_ablate's tiny grid at 40 steps, uninterrupted (2 local workers): variant -> its run."""
-    path = tiny_grid(tmp_path_factory.mktemp("ref"), tiny_world, "study_ref")
-    assert ablate.main(grid_argv(store, path, "--workers", "2", *LONG)) == 0
-    return {r.data.tags[K.TAG_VARIANT]: r for r in runs_in(store_uri(store), "study_ref")}
+def fake_points(run) -> dict[str, list[tuple[int, float]]]:
+    """What an uninterrupted fake run of this run's variant and seed logs (tests/fakes.py)."""
+    return expected_points(run.data.tags[K.TAG_VARIANT], int(run.data.tags[K.TAG_SEED]), STEPS)
 
 
 # ---------------------------------------------------------------------------- 1. kill -9 of the runner alone
-@pytest.mark.slow
 def test_kill_9_of_the_runner_alone_ends_its_workers_and_the_rerun_resumes_each_step_once(
-        tmp_path, store, tiny_world, reference, capsys):
+        tmp_path, store, tiny_world, fake_training, capsys):
     uri, path, log = store_uri(store), tiny_grid(tmp_path, tiny_world, "orphan_grid"), tmp_path / "runner.log"
-    with started("harness.ablate", grid_argv(store, path, "--workers", "2", *LONG), REPO, log) as proc:
+    argv = grid_argv(store, path, "--workers", "2", *LONG)
+    with started("harness.ablate", argv, REPO, log, command=runner_command("harness.ablate", *argv)) as proc:
         # both runs in flight, each past step 2 (so each has a checkpoint)
         wait_for(lambda: len([r for r in runs_in(uri, "orphan_grid") if last_step(uri, r.info.run_id) >= 2]) == 2,
                  proc, "two runs past step 2", log)
@@ -156,13 +78,13 @@ def test_kill_9_of_the_runner_alone_ends_its_workers_and_the_rerun_resumes_each_
         assert last_step(uri, r.info.run_id) < STEPS
 
     capsys.readouterr()
-    assert ablate.main(grid_argv(store, path, "--workers", "2", *LONG)) == 0
+    assert ablate.main(argv) == 0
     assert "0 finished earlier, 2 to resume, 0 to start" in capsys.readouterr().out
     runs = runs_in(uri, "orphan_grid")
     assert [r.info.run_id for r in runs] == [r.info.run_id for r in killed]  # resumed into the same MLflow runs
     assert {r.info.status for r in runs} == {"FINISHED"}
     for r in runs:
-        assert_resumed_like(uri, r.info.run_id, reference[r.data.tags[K.TAG_VARIANT]].info.run_id)
+        assert_resumed_like(uri, r.info.run_id, fake_points(r))
     (parent,) = runs_in(uri, "orphan_grid", "parent")
     assert parent.info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
@@ -172,8 +94,8 @@ def test_sigterm_of_the_runner_ends_it_as_ctrl_c_does_with_nothing_left_running(
     """`kill PID` (SIGTERM: a scheduler's stop, a runner started in the background, where Ctrl-C is
     ignored): the runs in flight and the parent end KILLED, the workers exit, the exit code is 130."""
     path, log = tiny_grid(tmp_path, tiny_world, "term_grid"), tmp_path / "runner.log"
-    uri = store_uri(tmp_path)
-    with started("harness.ablate", grid_argv(tmp_path, path, "--workers", "2", *LONG), REPO, log) as proc:
+    uri, argv = store_uri(tmp_path), grid_argv(tmp_path, path, "--workers", "2", *LONG)
+    with started("harness.ablate", argv, REPO, log, command=runner_command("harness.ablate", *argv)) as proc:
         wait_for(lambda: len([r for r in runs_in(uri, "term_grid") if last_step(uri, r.info.run_id) >= 2]) == 2,
                  proc, "two runs past step 2", log)
         os.kill(proc.pid, signal.SIGTERM)  # the runner alone
@@ -206,7 +128,7 @@ def draws(sampler: optuna.samplers.BaseSampler, n: int, studies: int = 1) -> lis
 
 def test_trial_seeded_sampler_draws_by_trial_number():
     def seeded(make, seed: int = 0):
-        return lambda: sweep.TrialSeeded(make, seed)
+        return lambda: sweepfile.TrialSeeded(make, seed)
 
     def rand(seed):
         return optuna.samplers.RandomSampler(seed=seed)
@@ -265,13 +187,13 @@ def test_a_runner_started_during_another_ones_dead_run_recovery_waits_and_is_not
     assert log[-1] == "third recovers, alone=True"
 
 
-@pytest.mark.slow
 def test_two_sweeps_started_at_once_draw_by_trial_number_under_one_parent(tmp_path, tiny_world):
+    """Two runners on a fresh store (stores, study, parent run created once between them)."""
     path = write_sweep(tmp_path, tiny_world, "twins", trials=4)
     argv = [str(path), "--tracking-uri", store_uri(tmp_path), "--threads", "1", "--set", "sweep.sampler.name=random"]
     with contextlib.ExitStack() as stack:
-        procs = [stack.enter_context(started("harness.sweep", argv, tmp_path, tmp_path / f"sweep{i}.log"))
-                 for i in range(2)]
+        procs = [stack.enter_context(started("harness.sweep", argv, tmp_path, tmp_path / f"sweep{i}.log",
+                                             command=runner_command("harness.sweep", *argv))) for i in range(2)]
         codes = [p.wait(timeout=600) for p in procs]
     assert codes == [0, 0], "\n".join((tmp_path / f"sweep{i}.log").read_text()[-2000:] for i in range(2))
     trials = optuna.load_study(study_name="twins", storage=f"sqlite:///{tmp_path / 'optuna.db'}").get_trials()
@@ -279,8 +201,8 @@ def test_two_sweeps_started_at_once_draw_by_trial_number_under_one_parent(tmp_pa
     params = [tuple(sorted(t.params.items())) for t in trials]
     assert len(set(params)) == len(params), f"two trials drew the same values: {params}"
     # trial n draws what the sweep's sampler draws for trial n, whichever runner asked it
-    spec = sweep.load_sweep(path, ["sweep.sampler.name=random"], store_uri(tmp_path))
-    study = optuna.create_study(sampler=sweep.make_sampler(spec))
+    spec = sweepfile.load_sweep(path, ["sweep.sampler.name=random"], store_uri(tmp_path))
+    study = optuna.create_study(sampler=sweepfile.make_sampler(spec))
     for _ in trials:
         t = study.ask()
         for k, d in spec.space.items():
@@ -353,11 +275,11 @@ def test_mlflow_tracking_uri_is_the_store_of_every_writer_and_reader_and_a_flag_
 
 
 # ---------------------------------------------------------------------------- 4. a rerun clears old failures
-@pytest.mark.slow
 def test_a_grid_rerun_after_a_dead_worker_leaves_its_parent_finished_without_failure_tags(
-        tmp_path, store, tiny_world, reference, capsys):
+        tmp_path, store, tiny_world, fake_training, capsys):
     uri, path, log = store_uri(store), tiny_grid(tmp_path, tiny_world, "flaky_grid"), tmp_path / "runner.log"
-    with started("harness.ablate", grid_argv(store, path, "--workers", "2", *LONG), REPO, log) as proc:
+    argv = grid_argv(store, path, "--workers", "2", *LONG)
+    with started("harness.ablate", argv, REPO, log, command=runner_command("harness.ablate", *argv)) as proc:
         victim = wait_for(lambda: next((r for r in runs_in(uri, "flaky_grid")
                                         if r.data.tags[K.TAG_VARIANT] == VARIANTS[0]
                                         and last_step(uri, r.info.run_id) >= 2), None), proc, "a run past step 2", log)
@@ -367,7 +289,7 @@ def test_a_grid_rerun_after_a_dead_worker_leaves_its_parent_finished_without_fai
     assert parent.info.status == "FAILED" and "worker process died" in parent.data.tags["harness.failed"]
 
     capsys.readouterr()
-    assert ablate.main(grid_argv(store, path, "--workers", "2", *LONG)) == 0
+    assert ablate.main(argv) == 0
     assert "1 finished earlier, 1 to resume" in capsys.readouterr().out
     (parent,) = runs_in(uri, "flaky_grid", "parent")
     assert parent.info.status == "FINISHED" and parent.data.tags["harness.failed_runs"] == "0"
@@ -380,15 +302,15 @@ def test_a_grid_rerun_after_a_dead_worker_leaves_its_parent_finished_without_fai
     runs = runs_in(uri, "flaky_grid")
     assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 2
     for r in runs:
-        assert_resumed_like(uri, r.info.run_id, reference[r.data.tags[K.TAG_VARIANT]].info.run_id)
+        assert_resumed_like(uri, r.info.run_id, fake_points(r))
 
 
-@pytest.mark.slow
-def test_a_sweep_rerun_after_a_dead_worker_leaves_its_parent_finished_without_the_failure_reason(tmp_path, tiny_world):
+def test_a_sweep_rerun_after_a_dead_worker_leaves_its_parent_finished_without_the_failure_reason(
+        tmp_path, tiny_world, fake_training):
     path = write_sweep(tmp_path, tiny_world, "flaky_sweep", trials=1, steps=STEPS)
     uri, log = store_uri(tmp_path), tmp_path / "sweep.log"
     argv = [str(path), "--tracking-uri", uri, "--threads", "1"]
-    with started("harness.sweep", argv, tmp_path, log) as proc:
+    with started("harness.sweep", argv, tmp_path, log, command=runner_command("harness.sweep", *argv)) as proc:
         run = wait_for(lambda: next((r for r in runs_in(uri, "flaky_sweep") if last_step(uri, r.info.run_id) >= 1),
                                     None), proc, "a trial past step 1", log)
         os.kill(int(run.data.tags[K.TAG_PID]), signal.SIGKILL)
@@ -533,3 +455,14 @@ def test_a_run_resumed_after_it_collapsed_stays_collapsed_and_a_finished_one_sta
         harness_train.train(cfg("cut"), on_step=stop_at_4)
     assert seen(harness_train.train(cfg("cut"), resume=True)) == seen(whole)
     assert seen(harness_train.train(cfg("whole"), resume=True)) == seen(whole)  # resuming a finished run: a no-op
+
+
+def test_a_task_kind_registered_outside_the_test_suite_is_refused():
+    """The fake training tasks exist for the tests alone: a runner outside pytest trains and builds worlds."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_VERSION"}
+    code = "from harness.study import register_task_kind; register_task_kind('train', print)"
+    p = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO)}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1 and "got a task kind registered outside the test suite" in p.stderr, p.stderr
+    with pytest.raises(ValueError, match="task kind: got 'nope'; allowed: train, world"):
+        task_kind("nope")

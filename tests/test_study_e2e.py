@@ -18,7 +18,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from harness import design, sweep, tracking
+from harness import design, sweep, sweepfile, tracking
 from harness import keys as K
 from harness.world import TINY, load_world_config, world_config_hash
 
@@ -70,7 +70,7 @@ def test_a_tiny_study_on_its_world_records_objectives_and_extends_without_retrai
     world = Path(".harness/worlds") / world_config_hash(load_world_config(overrides={**TINY, "seed": 0}))
     shutil.copytree(tiny_world, world)  # world 0 at the TINY scale is the tiny world: built already
     path = study_file(tmp_path, steps=2, trials=3)
-    spec = sweep.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
+    spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
     assert sweep.main(cli(tmp_path, path)) == 0
     assert f"world 0 ({world.name}, {world})" in capsys.readouterr().out  # found built, not built again
 
@@ -94,7 +94,7 @@ def test_a_tiny_study_on_its_world_records_objectives_and_extends_without_retrai
     # --trials is the total: one more trial, the first three neither redrawn nor retrained
     assert sweep.main(cli(tmp_path, path, "--trials", "4")) == 0
     more = trials(tmp_path)
-    longer = sweep.load_sweep(path, [SHORT_PRETRAIN, "sweep.trials=4"], uri(tmp_path)).design
+    longer = sweepfile.load_sweep(path, [SHORT_PRETRAIN, "sweep.trials=4"], uri(tmp_path)).design
     assert longer[:3] == spec.design and [t.params for t in more] == longer
     again = {r.info.run_id: r for r in train_runs(tmp_path)}
     assert len(again) == 4 and all(again[i].info.end_time == r.info.end_time for i, r in runs.items())
@@ -114,7 +114,7 @@ def started_steps(tmp_path: Path, run) -> int:
 def test_kill_9_of_the_runner_resumes_its_run_and_trains_no_configuration_twice(tmp_path, tiny_world, capsys):
     steps = 200  # long enough for the kill to land inside a run
     path = study_file(tmp_path, steps=steps, trials=2, world_dir=tiny_world)
-    spec = sweep.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
+    spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "harness.sweep", *cli(tmp_path, path)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,8 +1,8 @@
 """Optuna sweeps end to end on the tiny world, with real Optuna (sqlite) and MLflow (sqlite) stores
 in tmp_path: a 4-trial delta x eta sweep read back from both stores and continued; two worker
 processes without a lost or duplicated trial; a NaN trial recorded as failed (and a pruned one);
-a worker process killed for real, whose trial the next run makes up; two sweep processes started
-at once on a fresh store; passwords in the URLs never written anywhere; bad sweep files refused
+a worker process killed for real (its training faked: tests/fakes.py), whose trial the next run makes up;
+passwords in the URLs never written anywhere; bad sweep files refused
 before the first trial.
 
 Trials train 2-step runs on the tiny world (seconds each).
@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,47 +22,14 @@ from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import URL
 
+from fakes import runner_command
+from helpers import DELTA_ETA, write_sweep
+
 from harness import keys as K
-from harness import sweep, tracking
+from harness import sweep, sweepfile, sweepstore, tracking, trials
 from harness.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-PPO_MAX = REPO / "ablations" / "bases" / "ppo_max.yaml"
-
-DELTA_ETA = """\
-  reward.clip: {low: 0.1, high: 10.0, log: true}
-  ppo.kl_coef: {low: 0.001, high: 0.5, log: true}
-"""
-
-
-def write_sweep(tmp_path: Path, world: Path, name: str, *, space: str = DELTA_ETA, trials: int = 4,
-                steps: int = 2, extra: str = "", output_dir: bool = True) -> Path:
-    p = tmp_path / f"{name.replace('/', '_')}.yaml"
-    p.write_text(f"""\
-name: {name}
-base: {PPO_MAX}
-set:
-  data.world_dir: {world}
-  data.eval_prompts: 8
-  ppo.rollout_batch_size: 8
-  ppo.num_minibatches: 2
-  ppo.ppo_epochs: 1
-  ppo.critic_pretrain_steps: 0
-  generation.max_new_tokens: 8
-  logging.eval_every: 0
-  logging.sample_every: 0
-  logging.checkpoint_every: 0
-{f"  logging.output_dir: {tmp_path / 'runs'}" if output_dir else "  # logging.output_dir: the default"}
-  logging.progress: false
-steps: {steps}
-trials: {trials}
-sampler: {{name: tpe, seed: 0, n_startup_trials: 2}}
-objective: {{last_steps: 2}}
-search_space:
-{space}{extra}""")
-    return p
-
-
 def uri(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
@@ -77,8 +43,9 @@ def cli(tmp_path: Path, path: Path, *more: str) -> list[str]:
 
 
 def subprocess_sweep(tmp_path: Path, path: Path, *more: str) -> subprocess.Popen:
+    """`python -m harness.sweep` in a process of its own, its training tasks fake (tests/fakes.py)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "harness.sweep", *cli(tmp_path, path, *more)], cwd=tmp_path, env=env,
+    return subprocess.Popen(runner_command("harness.sweep", *cli(tmp_path, path, *more)), cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -135,7 +102,7 @@ def test_bad_sweep_files_name_file_field_value_and_allowed(tmp_path):
 """
     path = write_sweep(tmp_path, tmp_path, "bad_sweep", space=bad, extra="first_trials: [{ppo.kl_coef: 0.1}]\n")
     with pytest.raises(ConfigError) as e:  # sweep-level --set overrides go through the same checks
-        sweep.load_sweep(path, ["sweep.objective.metric=objective/gold"])
+        sweepfile.load_sweep(path, ["sweep.objective.metric=objective/gold"])
     msg = str(e.value)
     for expected in [
         "search_space.reward.clip.low: reward.clip: got 0.0; allowed: a number > 0",
@@ -151,7 +118,7 @@ def test_bad_sweep_files_name_file_field_value_and_allowed(tmp_path):
     bad = "  ppo.kl_coef: {low: 0.5, high: 0.001, lg: true}\n  ppo.gae_lambda: {low: 0.0, high: 1.0, log: true}\n"
     path = write_sweep(tmp_path, tmp_path, "../escape", space=bad, extra="pruner: {name: threshold}\n")
     with pytest.raises(ConfigError) as e:
-        sweep.load_sweep(path, ["sweep.sampler=tps"])
+        sweepfile.load_sweep(path, ["sweep.sampler=tps"])
     msg = str(e.value)
     for expected in [
         "name: got '../escape'; allowed: a string matching",  # a folder name: one safe path component
@@ -175,14 +142,14 @@ def test_help_documents_the_file_format_from_the_sections(capsys):
 
 def test_objective_of_a_collapsed_run_is_its_value_at_collapse_minus_the_penalty():
     history = [(s, float(s)) for s in range(1, 21)]  # metric = step
-    obj = sweep.Objective(metric=K.GOLD_SCORE, last_steps=4, collapsed="penalty", collapse_penalty=1.0)
-    assert sweep.score_run(history, obj, "maximize", None) == (18.5, 18.5)  # mean of steps 17-20
-    assert sweep.score_run(history, obj, "maximize", 10) == (8.5 - 1.0, 18.5)  # mean of steps 7-10, minus 1
-    assert sweep.score_run(history, obj, "minimize", 10) == (8.5 + 1.0, 18.5)  # worse = higher
+    obj = sweepfile.Objective(metric=K.GOLD_SCORE, last_steps=4, collapsed="penalty", collapse_penalty=1.0)
+    assert trials.score_run(history, obj, "maximize", None) == (18.5, 18.5)  # mean of steps 17-20
+    assert trials.score_run(history, obj, "maximize", 10) == (8.5 - 1.0, 18.5)  # mean of steps 7-10, minus 1
+    assert trials.score_run(history, obj, "minimize", 10) == (8.5 + 1.0, 18.5)  # worse = higher
     obj.collapsed = "ignore"
-    assert sweep.score_run(history, obj, "maximize", 10) == (18.5, 18.5)
-    with pytest.raises(sweep.TrialFailed, match="never logged"):
-        sweep.score_run([(1, float("nan"))], obj, "maximize", None)
+    assert trials.score_run(history, obj, "maximize", 10) == (18.5, 18.5)
+    with pytest.raises(trials.TrialFailed, match="never logged"):
+        trials.score_run([(1, float("nan"))], obj, "maximize", None)
 
 
 def test_urls_are_masked():
@@ -316,8 +283,8 @@ def test_nan_trial_is_recorded_failed_and_the_sweep_goes_on(tmp_path, tiny_world
 
 
 @pytest.mark.slow
-def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp_path, tiny_world):
-    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=30)
+def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp_path, tiny_world, fake_training):
+    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=100)  # fake steps: seconds in flight
     proc = subprocess_sweep(tmp_path, path, "--workers", "2")
     victim = None
     while victim is None and proc.poll() is None:
@@ -356,17 +323,6 @@ def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp
 
 
 @pytest.mark.slow
-def test_two_sweep_processes_started_at_once_on_a_fresh_store_both_succeed(tmp_path, tiny_world):
-    path = write_sweep(tmp_path, tiny_world, "twin_sweep", trials=2)
-    procs = [subprocess_sweep(tmp_path, path) for _ in range(2)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
-    trials = load_study(tmp_path, "twin_sweep").get_trials()
-    assert len(trials) >= 2 and all(t.state == TrialState.COMPLETE for t in trials)
-    assert len(runs(uri(tmp_path), "twin_sweep", "parent")) == 1
-
-
-@pytest.mark.slow
 def test_passwords_in_the_urls_are_written_nowhere(tmp_path, tiny_world, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow artifacts of a non-file store go to ./mlruns
     tracking, store = (f"sqlite+pw://me:s3cret@/{tmp_path / n}" for n in ("mlflow.db", "optuna.db"))
@@ -376,7 +332,7 @@ def test_passwords_in_the_urls_are_written_nowhere(tmp_path, tiny_world, capsys,
     assert "s3cret" not in out.out + out.err and "me:***@" in out.out
     assert b"s3cret" not in (tmp_path / "optuna.db").read_bytes()  # no study or trial attribute holds it
     study = optuna.load_study(study_name="pw_sweep", storage=store)
-    assert study.user_attrs[sweep.ATTR_PARENT_RUNS].keys() == {tracking.replace("s3cret", "***")}
+    assert study.user_attrs[sweepstore.ATTR_PARENT_RUNS].keys() == {tracking.replace("s3cret", "***")}
     all_runs = runs(tracking, "pw_sweep", "parent") + runs(tracking, "pw_sweep")
     # harness.train logs its whole config, logging.tracking_uri too: not the sweep's to mask
     seen = [(r.data.params, r.data.tags) for r in all_runs]

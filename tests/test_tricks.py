@@ -18,7 +18,7 @@ from scipy.stats import binomtest
 from analysis import synthetic_tricks as syn
 from analysis import tricks
 from analysis.tricks_claims import claims_table
-from harness import design, sweep
+from harness import design, sweepfile, sweepstore
 from harness.schema import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ class Store:
         self.storage = f"sqlite:///{folder / 'optuna.db'}"
 
     def write(self, name: str, model, trials: int = 64, collapse_below: float = 0.5) -> tricks.StudyData:
-        spec = sweep.load_sweep(study_yaml(self.folder, name, trials), tracking_uri=self.uri)
+        spec = sweepfile.load_sweep(study_yaml(self.folder, name, trials), tracking_uri=self.uri)
         syn.write_study(spec, self.uri, self.storage, model, trials=trials, collapse_below=collapse_below)
         return tricks.load_study(name, self.uri, self.storage)
 
@@ -76,7 +76,7 @@ def planted(store):
 
 
 def test_the_synthetic_store_holds_the_design_of_its_file(planted):
-    spec = sweep.load_sweep(Path(planted.attr["sweep_file"]))
+    spec = sweepfile.load_sweep(Path(planted.attr["sweep_file"]))
     assert len(planted.configs) == 64 and len(planted.runs) == 128 and planted.worlds() == [0, 1]
     assert [planted.configs[c].tolist() for c in planted.choices] == [
         [design.label(p[c]) if c in p else tricks.NOT_DRAWN for p in spec.design[:64]] for c in planted.choices]
@@ -247,7 +247,7 @@ def test_bad_input_of_the_cli_is_refused(store, planted, tmp_path, capsys):
     import optuna
 
     plain = optuna.create_study(storage=store.storage, study_name="plain_sweep")
-    plain.set_user_attr(sweep.ATTR_SWEEP, {"name": "plain_sweep", "search_space": {}})
+    plain.set_user_attr(sweepstore.ATTR_SWEEP, {"name": "plain_sweep", "search_space": {}})
     assert tricks.main(["plain_sweep", "--tracking-uri", store.uri, "--storage", store.storage]) == 2
     assert "has no `objectives`" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -16,10 +16,12 @@ import gzip
 import json
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ASSISTANT = "\n\nAssistant:"
+TURN = re.compile(r"\n\n(Human|Assistant):")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,23 @@ def split_dialogue(dialogue: str) -> tuple[str, str] | None:
     """(prompt through the last assistant marker, reply after it), or None with no assistant turn."""
     i = dialogue.rfind(ASSISTANT)
     return None if i < 0 else (dialogue[: i + len(ASSISTANT)], dialogue[i + len(ASSISTANT):])
+
+
+def dialogue_messages(prompt: str) -> list[dict[str, str]]:
+    """A prompt as chat messages for a tokenizer's chat template: each "Human:" turn a user message,
+    each "Assistant:" turn an assistant message, the final empty assistant marker dropped (the
+    template's generation prompt takes its place); text before the first turn joins the first
+    message, and text without turns (the embedded world's) is one user message."""
+    parts = TURN.split(prompt)
+    if len(parts) == 1:
+        return [{"role": "user", "content": prompt.strip()}]
+    msgs = [{"role": "user" if role == "Human" else "assistant", "content": text.strip()}
+            for role, text in zip(parts[1::2], parts[2::2])]
+    if msgs[-1]["role"] == "assistant" and not msgs[-1]["content"]:
+        msgs.pop()
+    if parts[0].strip() and msgs:
+        msgs[0]["content"] = f"{parts[0].strip()}\n{msgs[0]['content']}"
+    return msgs or [{"role": "user", "content": parts[0].strip()}]
 
 
 def parse_line(raw: bytes, line: int) -> HHExample | Malformed:

@@ -1,0 +1,87 @@
+"""A fake training task for the runners' own semantics (harness.study.register_task_kind): it logs a
+train run to the real MLflow store as harness.train would (its tags, one point per metric per step,
+a checkpoint every step, resumed into the same run, KILLED when the runner is gone), but each step is
+a sleep of STEP_S instead of PPO. Its values are a function of the variant, seed and step alone, so a
+resumed run can be checked point for point against `expected_points`.
+
+Used in-process by the fixture `fake_training` (tests/conftest.py) and, for a runner in a process of
+its own, by `python tests/fakes.py MODULE ARGS...` (`runner_command`), which registers it before it
+runs the module's main."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from harness import keys as K
+from harness import tracking
+from harness.study import Outcome, Task, register_task_kind
+
+HERE = Path(__file__).resolve().parent
+STEP_S = 0.05  # one fake step; a 40-step run is 2 s in flight
+FAIL_MARK = "fails"
+"""A variant whose name holds this ends FAILED at step 2 (a non-finite loss, as harness.train ends it)."""
+LOGGED = (K.RM_SCORE, K.GOLD_SCORE, K.KL)
+
+
+def value(key: str, variant: str, seed: int, step: int) -> float:
+    """The fake metric `key` of a run at `step`: deterministic, distinct per variant and seed."""
+    return round(sum(map(ord, variant + key)) % 97 / 100 + seed / 10 + step / 1000, 6)
+
+
+def expected_points(variant: str, seed: int, steps: int) -> dict[str, list[tuple[int, float]]]:
+    return {k: [(s, value(k, variant, seed, s)) for s in range(1, steps + 1)] for k in LOGGED}
+
+
+def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
+    cfg, log = task.cfg, task.cfg["logging"]
+    uri, steps = log["tracking_uri"], int(cfg["ppo"]["steps"])
+    variant, seed = log["tags"].get(K.TAG_VARIANT, "trial"), int(cfg["seed"])
+    run_dir = Path(log["output_dir"]) / log["run_name"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = run_dir / "fake_state.json"
+    if task.resume and state.exists():
+        saved = json.loads(state.read_text())
+        run_id, start = saved["run_id"], saved["step"]
+        tracking.reopen_run(uri, run_id)
+    else:
+        parent = {"mlflow.parentRunId": p} if (p := task.parent_run_id or log.get("parent_run_id")) else {}
+        run_id = tracking.start_run(uri, log["experiment"], log["run_name"],
+                                    tags={**log["tags"], **task.tags, K.TAG_ROLE: "train", K.TAG_SEED: str(seed), **parent})
+        start = 0
+    tracking.set_tags(uri, run_id, {K.TAG_PID: str(os.getpid())})
+    logger = tracking.MetricLogger(uri, run_id)
+    try:
+        for step in range(start + 1, steps + 1):
+            time.sleep(STEP_S)
+            if FAIL_MARK in variant and step == 2:
+                tracking.set_tags(uri, run_id, {K.TAG_FAILURE: "non-finite loss (fake)"})
+                tracking.end_run(uri, run_id, "FAILED")
+                return Outcome(task.key, task.label, "FAILED", run_id, step - 1, error="non-finite loss (fake)")
+            metrics = {k: value(k, variant, seed, step) for k in LOGGED}
+            logger.log(metrics, step=step)
+            state.write_text(json.dumps({"run_id": run_id, "step": step}))  # a checkpoint every step
+            on_step(step, metrics)
+    except KeyboardInterrupt:
+        tracking.end_run(uri, run_id, "KILLED")
+        raise
+    tracking.set_tags(uri, run_id, {K.TAG_COLLAPSED: "false"})
+    tracking.end_run(uri, run_id, "FINISHED")
+    return Outcome(task.key, task.label, "FINISHED", run_id, steps)
+
+
+def runner_command(module: str, *argv: str) -> list[str]:
+    """The command line of a runner (`python -m module argv`) whose train tasks are fake."""
+    return [sys.executable, str(HERE / "fakes.py"), module, *argv]
+
+
+if __name__ == "__main__":
+    import importlib
+
+    from fakes import fake_train as by_name  # pickled by its module's name, which the workers import
+
+    register_task_kind("train", by_name)
+    sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[2:]))
