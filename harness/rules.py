@@ -68,8 +68,9 @@ class Margin:
     abs: Pos | None = None
     """The margin in the metric's units, e.g. 0.1 (an RM-score difference of 0.1)."""
     share: Annotated[Float, Field(gt=0, le=1)] | None = None
-    """The margin as a share of the mean of `of` on the runs judged, e.g. 0.1 (a tenth of it); for a
-    metric with a true zero where that mean is positive."""
+    """The margin as a share of the mean of `of` on the runs judged, e.g. 0.1 (a tenth of it): for a
+    metric whose zero means something (KL, length; an RM score near 0 at the SFT model) and where that
+    mean is positive (else the claim gets no verdict, and says why)."""
     of: str | None = None
     """The variant whose mean `share` is taken of (with `share` only)."""
 
@@ -90,7 +91,7 @@ class Margin:
         return self.share * mean
 
     def __str__(self) -> str:
-        return f"±{self.abs:g}" if self.abs is not None else f"±{self.share:.0%} of the mean of {self.of!r}"
+        return f"±{self.abs:g}" if self.abs is not None else f"±{self.share * 100:g}% of the mean of {self.of!r}"
 
 
 @section

@@ -22,7 +22,7 @@ from harness import keys as K
 from harness import tracking
 from reports.build import final_peak_table
 from harness.registry import UnknownAblation, ablation_names, find_ablation, load_registry
-from harness.rules import Claim, EvalScoresShift, PairsAboveChance
+from harness.rules import Claim, EvalScoresShift, Margin, PairsAboveChance, Similar
 
 ETAS = ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
 SEEDS = (0, 1, 2, 3, 4)  # stats.MIN_SEEDS: fewer seeds never decide
@@ -494,6 +494,17 @@ def test_trend_threshold_and_similar(env):
     assert "margin ±" in alike.numbers and alike.level == pytest.approx(0.9) and alike.margin > 0
     one_seed = verdicts(env, "rm_accuracy")["The RM's held-out accuracy beats chance."]
     assert one_seed.verdict == C.INCONCLUSIVE and "fewer than 5 runs" in one_seed.reason
+
+
+def test_equivalence_resolves_the_margin_on_the_runs_judged_and_says_when_it_cannot():
+    import numpy as np
+
+    rule = Similar("objective/gold_score", ["a", "b"], Margin(share=0.1, of="b"), "a tenth of b")
+    a, b = [np.array([2.0, 2.01, 1.99, 2.02, 1.98])], [np.array([2.0, 1.99, 2.01, 1.98, 2.02])]
+    [(label, c)] = C.equivalence(rule, {"a": a, "b": b})
+    assert c.margin == pytest.approx(0.2) and c.verdict == C.REPRODUCED and label.startswith("a ")
+    with pytest.raises(C.Unjudged, match="needs that mean positive, got -2"):  # a share of a negative gold mean
+        C.equivalence(rule, {"a": a, "b": [-x for x in b]})
 
 
 def test_collapse_claims_binomial_and_rmst(env):
