@@ -1,11 +1,13 @@
 """The claims of an ablation's YAML (`claims:`) as verdicts (reproduced / not reproduced / inconclusive)
 of stated tests (analysis.stats), each printed with its test and numbers.
 
-Every run becomes one number (harness.summary.reduce_run), then per rule (harness.registry.RULES):
+Every run becomes one number (harness.summary.reduce_run), then per rule (harness.rules.RULES):
 compare and each neighbour pair of a trend: permutation test of mean(higher) - mean(lower) > 0 (on
 metric collapse/step: RMST, a run that never collapsed censored at the longest run's last step);
-threshold: one-sample t-test against `value`; similar: each pair's permutation CI holds 0 and its
-half-width is below SIMILAR_MARGIN x the larger |mean|; collapses: exact binomial test of the
+threshold: one-sample t-test against `value`; similar: each pair equivalent within the claim's `margin`
+(its smallest difference that matters, harness.rules.Margin, resolved on the runs judged: a share of a
+variant's mean is of that mean there): two one-sided permutation tests (TOST), reproduced when the
+90% interval lies within ±margin, not reproduced when wholly outside it; collapses: exact binomial test of the
 collapse rate against 1/2; pairs_above_chance (n = held-out pairs of one run): the same test on
 the share of pairs ordered right; eval_scores_shift (n = held-out scores, seeds pooled):
 permutation test of the last eval step against the first, on the scores (mean) or on |score -
@@ -37,12 +39,10 @@ from analysis.stats import (
 from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K
 from harness import tracking
-from harness.registry import (
-    Claim, Collapses, Compare, EvalScoresShift, PairsAboveChance, Similar, Threshold, Trend, UnknownAblation,
-)
+from harness.registry import UnknownAblation
+from harness.rules import Claim, Collapses, Compare, EvalScoresShift, PairsAboveChance, Similar, Threshold, Trend
 from harness.summary import describe, fmt, fmt_mean_sd
 
-SIMILAR_MARGIN = 0.1  # 'similar': each difference's CI half-width must be below this fraction of the larger |mean|
 STAT_WORDS = {"rise": "rise (final − initial) of", "volatility": "step-to-step volatility of", "min": "lowest"}
 METRIC_WORDS = {
     K.RM_SCORE: "RM score", K.GOLD_SCORE: "gold score", K.KL: "KL", K.PPL: "perplexity", K.LENGTH: "length",
@@ -134,8 +134,17 @@ def _threshold(rule: Threshold, data: AblationData) -> list[Part]:
 
 
 def _similar(rule: Similar, data: AblationData) -> list[Part]:
-    values = {v: _values(data, rule, v) for v in rule.variants}
-    margin = SIMILAR_MARGIN * max(abs(np.concatenate(x).mean()) for x in values.values())
+    return equivalence(rule, {v: _values(data, rule, v) for v in rule.variants})
+
+
+def equivalence(rule: Similar, values: dict[str, Strata]) -> list[Part]:
+    """Each pair of the rule's variants (`values`: each one's numbers per world) tested for equivalence
+    within the rule's margin, resolved on these numbers (a share of a variant's mean: of its mean here)."""
+    means = {v: float(np.concatenate(x).mean()) for v, x in values.items() if sum(map(len, x))}
+    try:
+        margin = rule.margin.resolve(means)
+    except ValueError as e:
+        raise Unjudged(str(e)) from None
     return [(f"{_ms(a, values[a])} vs {_ms(b, values[b])}",
              compare_strata(values[a], values[b], "equal", margin=margin))
             for a, b in combinations(rule.variants, 2)]
@@ -198,7 +207,8 @@ def _first_last(data: AblationData, variant: str) -> tuple[int, np.ndarray, int,
 
 RULE_CHECKS: dict[type, tuple[Callable[[Any], str], Callable[[Any, AblationData], list[Part]]]] = {
     Compare: (lambda r: f"{_words(r)}: '{r.lower}' < '{r.higher}'", lambda r, d: [_pair(r, d, r.lower, r.higher)]),
-    Similar: (lambda r: f"{_words(r)}: {', '.join(map(repr, r.variants))} alike within {SIMILAR_MARGIN:.0%}", _similar),
+    Similar: (lambda r: f"{_words(r)}: {', '.join(map(repr, r.variants))} alike within {r.margin} ({r.margin_reason})",
+              _similar),
     Trend: (lambda r: f"{_words(r)} {r.direction} in {r.axis} (every neighbour pair)", _trend),
     Threshold: (lambda r: f"{_words(r)} {r.op} {r.value:g} for {repr(r.variant) if r.variant else 'every variant'}",
                 _threshold),
@@ -208,10 +218,10 @@ RULE_CHECKS: dict[type, tuple[Callable[[Any], str], Callable[[Any, AblationData]
                        _pairs_above_chance),
     EvalScoresShift: (lambda r: f"{r.what} of held-out RM scores: last eval step > first", _eval_scores_shift),
 }
-"""Each rule kind (harness.registry.RULES): the rule in words, and its tests."""
+"""Each rule kind (harness.rules.RULES): the rule in words, and its tests."""
 RANK = {NOT_REPRODUCED: 0, INCONCLUSIVE: 1, REPRODUCED: 2}
 CLAIM_COLUMNS = ["ablation", "figure", "claim", "source", "rule", "verdict", "test", "n", "statistic", "estimate",
-                 "ci_low", "ci_high", "level", "p_value", "effect_size", "min_detectable", "numbers", "reason",
+                 "ci_low", "ci_high", "level", "margin", "p_value", "effect_size", "min_detectable", "numbers", "reason",
                  "worlds", "world_verdicts", "pooled_verdict"]
 
 
@@ -243,7 +253,8 @@ def across_worlds(pooled: str, verdicts: list[str]) -> str:
 
 
 def _brief(c: Comparison | None) -> str:
-    return "" if c is None else f", {c.statistic} {fmt(c.estimate)} [{fmt(c.ci_low)}, {fmt(c.ci_high)}]"
+    margin = f" (margin ±{fmt(c.margin)})" if c is not None and c.margin == c.margin else ""
+    return "" if c is None else f", {c.statistic} {fmt(c.estimate)} [{fmt(c.ci_low)}, {fmt(c.ci_high)}]{margin}"
 
 
 def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.DataFrame:
@@ -276,7 +287,7 @@ def check_claims(data: AblationData, claims: list[Claim] | None = None) -> pd.Da
 CLAIMS_TABLE = "claims.json"
 """The claims table on a grid's parent run, in MLflow's table format (mlflow.load_table reads it)."""
 TABLE_COLUMNS = ["claim", "source", "verdict", "worlds", "test", "statistic", "estimate", "interval", "ci_low",
-                 "ci_high", "level", "n", "p_value", "reason"]
+                 "ci_high", "level", "margin", "n", "p_value", "reason"]
 CLAIM_TAG = "harness.claim."
 """Per-claim tags on the parent run: `harness.claim.<k>` = the k-th claim's verdict (k from 1, two
 digits), `harness.claim.<k>.text` = the claim."""

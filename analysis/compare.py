@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -42,20 +43,20 @@ from scipy.stats import t as student_t
 from analysis.claims import check_claims, on_worlds
 from analysis.stats import ALPHA
 from analysis.store import (
-    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, distinct_values, load_ablation, store_missing,
+    RUN_COLUMNS, STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, distinct_values, load_ablation, store_missing,
     world_name,
 )
 from harness import keys as K
 from harness import tracking
-from harness.registry import REPO_ROOT, UnknownAblation
+from harness.registry import REPO_ROOT, Registry, UnknownAblation
 from harness.summary import describe
 
 REFERENCE = REPO_ROOT / "reports" / "reference.json"
 BASE_METRICS = {"train": [(K.RM_SCORE, "final"), (K.GOLD_SCORE, "final"), (K.KL, "final")],
                 "world": [(K.RM_EVAL_ACC, "final")]}
 """Summary numbers kept for every figure of a kind, beside those its claims use."""
-CLAIM_FIELDS = ["claim", "source", "verdict", "n", "statistic", "estimate", "ci_low", "ci_high", "level", "p_value",
-                "effect_size", "min_detectable", "reason", "world_verdicts", "pooled_verdict"]
+CLAIM_FIELDS = ["claim", "source", "verdict", "n", "statistic", "estimate", "ci_low", "ci_high", "level", "margin",
+                "p_value", "effect_size", "min_detectable", "reason", "world_verdicts", "pooled_verdict"]
 WORLD_FINGERPRINT = ("world.content", "world.rm/eval_acc", "world.rm/eval_acc_gold", "world.world/sft_gold_mean")
 """What tells two builds of one world config apart (provenance tags): its content hash (the bytes),
 and measured properties, as another CPU's float rounding trains another RM from one config hash."""
@@ -104,13 +105,56 @@ def summarize(data: AblationData, claims: pd.DataFrame | None = None) -> dict[st
                 variants[v]["metrics"][f"{stat} {metric}"] = [rounded(value.get(r, math.nan)) for r in order[v]]
             else:
                 variants[v]["metrics"][f"{stat} {metric}"] = [rounded(x) for x in group.sort_values("seed")["value"]]
-    claims = [{k: rounded(r[k]) for k in CLAIM_FIELDS if rounded(r[k]) not in (None, "")}
-              for r in (check_claims(data) if claims is None else claims).to_dict("records")]
+    claims = [claim_entry(r) for r in (check_claims(data) if claims is None else claims).to_dict("records")]
     out = {"figure": data.spec.figure, "title": data.spec.title, "inferred": list(data.spec.inferred),
            "run_commits": sorted({c for c in data.runs["git_commit"] if c}), "variants": variants, "claims": claims}
     if any(worlds):
         out["worlds"] = world_entries(data)
     return out
+
+
+def claim_entry(row: dict[str, Any]) -> dict[str, Any]:
+    """A claims row (analysis.claims.check_claims) as a summary keeps it: CLAIM_FIELDS, rounded, empty ones left out."""
+    return {k: rounded(row[k]) for k in CLAIM_FIELDS if rounded(row[k]) not in (None, "")}
+
+
+@dataclass
+class SummaryData(AblationData):
+    """A figure of a reference summary read back as the claims read a store: its runs (variant, seed, world)
+    with the per-run numbers `summarize` kept ("STAT METRIC" lists, 4 significant digits) in place of the
+    step metrics. Judges the rules on those numbers alone (compare, trend, threshold, similar on a kept
+    metric and stat); a rule on anything else finds no values (analysis.claims: no verdict)."""
+
+    numbers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per run and kept number: run_id, variant, seed, key ("STAT METRIC"), value."""
+
+    def per_run(self, key: str, stat: str) -> pd.DataFrame:
+        n = self.numbers
+        n = n[(n["key"] == f"{stat} {key}") & n["run_id"].isin(self.runs["run_id"])].dropna(subset=["value"])
+        return n[["run_id", "variant", "seed", "value"]].reset_index(drop=True)
+
+    def in_world(self, world: str) -> "SummaryData":
+        one = super().in_world(world)
+        return SummaryData(one.spec, one.tracking_uri, one.runs, one.parent_run_id, self._cache, self.numbers)
+
+
+def from_summary(spec: Registry, figure: dict[str, Any]) -> SummaryData:
+    """`figure` (a summary's figure, `summarize`) as data for `spec`'s claims: each run's world from the
+    variant's "world" indices into the figure's "worlds" (one world: the figure's only one)."""
+    worlds = figure.get("worlds") or [{}]
+    runs, numbers = [], []
+    for v, d in figure["variants"].items():
+        at = d.get("world") or [0] * len(d["seeds"])
+        for i, (seed, w) in enumerate(zip(d["seeds"], at)):
+            run_id = f"{v}/{w}/{seed}"
+            runs.append({"run_id": run_id, "variant": v, "seed": seed, "status": "FINISHED", "metric_keys": set(),
+                         "world": worlds[w].get("hash", ""), "world_seed": str(worlds[w].get("seed", "")),
+                         "provenance": {}, "git_commit": ""})
+            numbers += [{"run_id": run_id, "variant": v, "seed": seed, "key": key,
+                         "value": math.nan if values[i] is None else float(values[i])}
+                        for key, values in d["metrics"].items()]
+    return SummaryData(spec, "", pd.DataFrame(runs, columns=RUN_COLUMNS), None,
+                       numbers=pd.DataFrame(numbers, columns=["run_id", "variant", "seed", "key", "value"]))
 
 
 def world_entries(data: AblationData) -> list[dict[str, Any]]:

@@ -15,6 +15,16 @@
 Verdicts: reproduced when the interval lies wholly on the claimed side, not reproduced when wholly
 on the other, else inconclusive; always inconclusive below MIN_SEEDS values per group.
 
+"Alike" (expect "equal", a claim's `margin` m > 0, the smallest difference that matters): equivalence
+by two one-sided tests (TOST, Schuirmann 1987): the permutation test of H0 "difference <= -m" against
+"> -m" and that of H0 ">= m" against "< m", each at level alpha (the permutation distribution's upper
+and lower tail); its interval is the (1 - 2 alpha) one (90% at alpha 0.05) made of the two one-sided
+bounds, each the inverted one-sided test. Reproduced (equivalent) when the interval lies within
+(-m, m), i.e. both tests reject (the TOST p-value, the larger of the two, is <= alpha); not
+reproduced when it lies wholly outside (the difference beyond m, one-sided at alpha); else
+inconclusive. So more data never turn a difference inside the margin into a refutation: they
+narrow the interval, and a difference within the margin becomes equivalent.
+
 Across worlds (strata: runs of a grid over several worlds, seeds nested in worlds) the pooled
 tests condition on the worlds run (a fixed-effect analysis): a world moves every run of it alike,
 so each test compares runs within a world only, and a world's offset is neither noise nor signal.
@@ -85,6 +95,8 @@ class Comparison:
     """The test, in words, for the report."""
     level: float = 1 - ALPHA
     """Confidence level of the interval."""
+    margin: float = math.nan
+    """The equivalence margin (a similar claim: alike when the interval lies within ±margin); NaN otherwise."""
 
     @classmethod
     def undecided(cls, n_a: int, statistic: str, test: str, n_b: int = 0) -> "Comparison":
@@ -95,8 +107,10 @@ class Comparison:
         n = f"{self.n_a}" + (f" vs {self.n_b}" if self.n_b else "")
         power = f"; below {self.min_detectable:.2g} undetectable" if math.isfinite(self.min_detectable) else ""
         sign = "+" if "mean" in self.statistic else ""  # a difference is signed, a rate is not
+        margin = f", margin ±{self.margin:.3g}" if math.isfinite(self.margin) else ""
+        p = "TOST p" if math.isfinite(self.margin) else "p"
         return (f"{self.statistic} {self.estimate:{sign}.3g}, {self.level:.0%} CI [{self.ci_low:.3g}, "
-                f"{self.ci_high:.3g}], p = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
+                f"{self.ci_high:.3g}]{margin}, {p} = {self.p_value:.2g}, effect {self.effect_size:.2f}, n = {n}{power}")
 
 
 def _labelings(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -129,33 +143,41 @@ def _strata_labelings(sizes: list[tuple[int, int]], rng: np.random.Generator) ->
 
 
 def _shift_test(pairs: list[tuple[np.ndarray, np.ndarray]], masks: list[np.ndarray], h: np.ndarray):
-    """p(d): the two-sided permutation p-value of the weighted mean difference sum_w h_w (mean(a_w - d)
+    """p(d, side): the permutation p-value of the weighted mean difference sum_w h_w (mean(a_w - d)
     - mean(b_w)) / sum_w h_w, over the joint relabellings (row i of each stratum's masks picks a's
-    members from a ++ b). Shifting a by d moves a relabelling's sum of picked values by -d x the
+    members from a ++ b): two-sided, or one-sided against "greater" (the true difference above d: the
+    upper tail) or "less". Shifting a by d moves a relabelling's sum of picked values by -d x the
     members of a it keeps: one product per stratum serves every d of the interval's search."""
     w = h / h.sum()  # one stratum: exactly 1, the plain difference
     sums = [m @ np.concatenate([a, b]) for (a, b), m in zip(pairs, masks)]
     kept = [m[:, :len(a)].sum(axis=1) for (a, _), m in zip(pairs, masks)]
     totals = [np.concatenate([a, b]).sum() for a, b in pairs]
 
-    def p(d: float) -> float:
+    def p(d: float, side: str = "two-sided") -> float:
         picked = [s - d * k if d else s for s, k in zip(sums, kept)]
         diffs = [x / len(a) - (t - d * len(a) - x) / len(b) for x, (a, b), t in zip(picked, pairs, totals)]
         dist = diffs[0] if len(diffs) == 1 else sum(wi * x for wi, x in zip(w, diffs))
         observed = float(w @ [(a - d).mean() - b.mean() for a, b in pairs])
-        # a small tolerance so that float rounding never splits ties
-        return float(np.mean(np.abs(dist) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
+        tol = 1e-12 * max(1.0, abs(observed))  # so that float rounding never splits ties
+        if side == "greater":
+            return float(np.mean(dist >= observed - tol))
+        if side == "less":
+            return float(np.mean(dist <= observed + tol))
+        return float(np.mean(np.abs(dist) >= abs(observed) - tol))
     return p
 
 
-def _invert(p_at, center: float, scale: float, alpha: float) -> tuple[float, float]:
-    """Interval of shifts d with p_at(d) > alpha: on each side of `center`, double the step until the
-    test rejects, then bisect for the edge (+1 inside, -1 outside)."""
+def _invert(p_at, center: float, scale: float, alpha: float, tost: bool = False) -> tuple[float, float]:
+    """Interval of shifts d with p_at(d) > alpha (two-sided test: the 1 - alpha interval), or with tost
+    the lower bound of the one-sided test against "greater" and the upper of that against "less" (each
+    at alpha: the 1 - 2 alpha interval): on each side of `center`, double the step until the test
+    rejects, then bisect for the edge (+1 inside, -1 outside)."""
     def edge(direction: float) -> float:
+        side = ("greater" if direction < 0 else "less") if tost else "two-sided"
         step = max(scale, 1e-12)
         for _ in range(60):
-            if p_at(center + direction * step) <= alpha:
-                inside = lambda d: 1.0 if p_at(center + direction * d) > alpha else -1.0  # noqa: E731
+            if p_at(center + direction * step, side) <= alpha:
+                inside = lambda d: 1.0 if p_at(center + direction * d, side) > alpha else -1.0  # noqa: E731
                 return center + direction * bisect(inside, 0.0, step, xtol=1e-12 * step)
             step *= 2
         return direction * math.inf
@@ -199,8 +221,9 @@ def _verdict(lo: float, hi: float, expect: str, n_min: int, margin: float = math
         return REPRODUCED if lo > 0 else NOT_REPRODUCED if hi < 0 else INCONCLUSIVE
     if expect == "less":
         return REPRODUCED if hi < 0 else NOT_REPRODUCED if lo > 0 else INCONCLUSIVE
-    if expect == "equal":  # alike: no difference found, and the interval rules out any beyond the margin
-        return NOT_REPRODUCED if lo > 0 or hi < 0 else REPRODUCED if (hi - lo) / 2 < margin else INCONCLUSIVE
+    if expect == "equal":  # equivalence (TOST): the 1 - 2 alpha interval within ±margin, or wholly outside it
+        return REPRODUCED if -margin < lo and hi < margin else NOT_REPRODUCED if lo >= margin or hi <= -margin \
+            else INCONCLUSIVE
     raise ValueError(f"expect: got {expect!r}; allowed: 'greater', 'less', 'equal'")
 
 
@@ -210,21 +233,36 @@ def _clean(x) -> np.ndarray:
 
 
 def compare(a, b, expect: str = "greater", alpha: float = ALPHA, seed: int = 0, margin: float = math.nan) -> Comparison:
-    """Is mean(a) greater (less) than mean(b), or (expect "equal") within `margin` of it?
+    """Is mean(a) greater (less) than mean(b), or (expect "equal") within ±`margin` of it (TOST)?
     Permutation test and its inverted interval."""
     a, b = _clean(a), _clean(b)
     test = "exact permutation test of the difference of means, CI by test inversion"
-    if expect == "equal":
-        test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
     if len(a) == 0 or len(b) == 0:
-        return Comparison.undecided(len(a), "mean difference", test + ": no data", len(b))
+        return _tested(Comparison.undecided(len(a), "mean difference", test + ": no data", len(b)), expect, alpha, margin)
     p_at = _shift_test([(a, b)], [_labelings(len(a) + len(b), len(a), np.random.default_rng(seed))], np.ones(1))
     est = float(a.mean() - b.mean())
     spread = float(np.concatenate([a - a.mean(), b - b.mean()]).std()) or abs(est) or 1.0
-    lo, hi = _invert(p_at, est, spread, alpha)
-    verdict = _verdict(lo, hi, expect, min(len(a), len(b)), margin)
-    return Comparison(len(a), len(b), "mean difference", est, lo, hi, p_at(0.0), hedges_g(a, b),
-                      min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), verdict, test)
+    return _tested(Comparison(len(a), len(b), "mean difference", est, math.nan, math.nan, p_at(0.0), hedges_g(a, b),
+                              min_detectable(_pooled_sd(a, b), len(a), len(b), alpha), INCONCLUSIVE, test),
+                   expect, alpha, margin, p_at, spread)
+
+
+def _tested(c: Comparison, expect: str, alpha: float, margin: float, p_at=None, spread: float = 1.0) -> Comparison:
+    """`c` (a permutation test's numbers, `p_at` its p(d, side)) with its interval, verdict and, for expect
+    "equal", the equivalence test (TOST at `margin`: the 1 - 2 alpha interval, the TOST p-value and level)."""
+    equal = expect == "equal"
+    if equal and not margin > 0:
+        raise ValueError(f"expect 'equal' needs a margin > 0 (the smallest difference that matters); got {margin!r}")
+    c = replace(c, level=1 - alpha)
+    if equal:
+        c = replace(c, test=c.test.replace(", CI by test inversion", "") + f": two one-sided tests (TOST) at α = "
+                    f"{alpha:g} each against ±{margin:.3g}, {1 - 2 * alpha:.0%} CI by their inversion; equivalent when "
+                    "it lies within ±margin, different when wholly outside", level=1 - 2 * alpha, margin=margin)
+    if p_at is None:
+        return c
+    lo, hi = _invert(p_at, c.estimate, spread, alpha, tost=equal)
+    p = max(p_at(-margin, "greater"), p_at(margin, "less")) if equal else c.p_value
+    return replace(c, ci_low=lo, ci_high=hi, p_value=p, verdict=_verdict(lo, hi, expect, min(c.n_a, c.n_b), margin))
 
 
 def compare_to(a, value: float, expect: str = "greater", alpha: float = ALPHA) -> Comparison:
@@ -279,11 +317,10 @@ def compare_strata(a_strata, b_strata, expect: str = "greater", alpha: float = A
         return replace(c, test=c.test + f" (one world of {len(cleaned)} has both groups)")
     test = (f"permutation test stratified by world ({worlds}; labels permuted within each world) of the weighted mean "
             "within-world difference, CI by test inversion")
-    if expect == "equal":
-        test += f"; alike when the CI holds 0 and its half-width is below {margin:.2g}"
     n_a, n_b = sum(len(a) for a, _ in cleaned), sum(len(b) for _, b in cleaned)
     if not pairs:
-        return Comparison.undecided(n_a, "mean within-world difference", test + ": no world has both groups", n_b)
+        return _tested(Comparison.undecided(n_a, "mean within-world difference", test + ": no world has both groups", n_b),
+                       expect, alpha, margin)
     h = np.array([len(a) * len(b) / (len(a) + len(b)) for a, b in pairs])  # 1 / var(d_w) per unit sd^2
     p_at = _shift_test(pairs, _strata_labelings([(len(a) + len(b), len(a)) for a, b in pairs],
                                                 np.random.default_rng(seed)), h)
@@ -292,10 +329,10 @@ def compare_strata(a_strata, b_strata, expect: str = "greater", alpha: float = A
     centered = np.concatenate([x - x.mean() for pair in pairs for x in pair])
     df = sum(len(a) + len(b) - 2 for a, b in pairs)
     sd = math.sqrt(float(centered @ centered) / df) if df > 0 else math.nan  # within-world pooled sd
-    lo, hi = _invert(p_at, est, float(centered.std()) or abs(est) or 1.0, alpha)
     power = _z(alpha, POWER) * sd / math.sqrt(h.sum())  # NaN with no within-world spread estimate
-    return Comparison(n_a, n_b, "mean within-world difference", est, lo, hi, p_at(0.0), _g(est, sd, df), power,
-                      _verdict(lo, hi, expect, min(n_a, n_b), margin), test)
+    return _tested(Comparison(n_a, n_b, "mean within-world difference", est, math.nan, math.nan, p_at(0.0),
+                              _g(est, sd, df), power, INCONCLUSIVE, test),
+                   expect, alpha, margin, p_at, float(centered.std()) or abs(est) or 1.0)
 
 
 def compare_to_strata(strata, value: float, expect: str = "greater", alpha: float = ALPHA) -> Comparison:

@@ -9,7 +9,8 @@ of exactly those choices, whatever the others, are compared with those taking th
 the claim's own rule and the same tests as the one-factor verdicts (analysis.stats; one number per
 configuration: the mean over its runs; a collapse rate over runs):
 compare and trend (each neighbour pair): permutation test of the difference of means; similar: every
-pair within SIMILAR_MARGIN; threshold: one-sample t-test; collapses: exact binomial test against 1/2.
+pair equivalent within the claim's margin (analysis.claims.equivalence: TOST; a share of a variant's mean
+is of its mean over the matching configurations); threshold: one-sample t-test; collapses: exact binomial test against 1/2.
 reproduced -> agrees, not reproduced -> contradicts, inconclusive -> cannot say. A claim cannot be
 judged when its variants differ in a setting the study does not vary, take a value the design does
 not draw, or name only the figure's base (no trick).
@@ -25,15 +26,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.claims import RANK, SIMILAR_MARGIN
+from analysis.claims import RANK, Unjudged, equivalence
 from analysis.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Comparison, censor, compare, compare_to, rate_vs_half
 from analysis.tricks_data import NOT_DRAWN, StudyData
 from harness import design, tracking
 from harness import keys as K
 from harness.config import computed_fields
-from harness.registry import (
-    REPO_ROOT, Collapses, Compare, RegistryError, Similar, Threshold, Trend, load_registry, registry_files,
-)
+from harness.registry import REPO_ROOT, RegistryError, load_registry, registry_files
+from harness.rules import Collapses, Compare, Similar, Threshold, Trend
 from harness.summary import by_step, reduce_run
 
 REFERENCE = REPO_ROOT / "reports" / "reference.json"
@@ -185,11 +185,12 @@ def judge(claim: Any, reg: Any, flats: dict[str, dict[str, Any]], j: ClaimJudge)
     if isinstance(rule, Similar):
         diff, sel = groups(list(rule.variants))
         xs = {v: pick(sel[v]) for v in rule.variants}
-        margin = SIMILAR_MARGIN * max((abs(x.mean()) for x in xs.values() if len(x)), default=math.nan)
-        parts = [compare(xs[a], xs[b], "equal", margin=margin) for i, a in enumerate(rule.variants)
-                 for b in rule.variants[i + 1:]]
-        return (" ~ ".join(_describe(points[v], diff, len(xs[v])) for v in rule.variants), f"{stat} {metric} alike",
-                min(parts, key=lambda c: (RANK[c.verdict], -np.nan_to_num(c.p_value))))
+        try:
+            parts = [c for _, c in equivalence(rule, {v: [x] for v, x in xs.items()})]
+        except Unjudged as e:
+            raise CannotSay(str(e)) from None
+        return (" ~ ".join(_describe(points[v], diff, len(xs[v])) for v in rule.variants),
+                f"{stat} {metric} alike within {rule.margin}", min(parts, key=lambda c: (RANK[c.verdict], -np.nan_to_num(c.p_value))))
     # Trend: each neighbour pair along the axis, in the claimed direction
     named = [v.name for v in reg.variants if rule.axis in v.settings and v.name in flats]
     ordered = sorted(named, key=lambda n: float(flats[n][rule.axis]))

@@ -14,13 +14,12 @@ import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from . import keys as K
 from .config import Name, TrainConfig, config_hash, flatten, from_dict
-from .schema import (
-    Bool, ConfigError, Float, Int, Seed, closest, did_you_mean, leaf_keys, merge, read_yaml, section, to_dict, validate,
-)
+from .rules import Claim, check_claims
+from .schema import ConfigError, Int, Seed, did_you_mean, leaf_keys, merge, one_of, read_yaml, section, to_dict, validate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS_DIR = REPO_ROOT / "ablations"
@@ -54,18 +53,7 @@ class UnknownAblation(LookupError):
     """An ablation name or path the registry does not hold; the message names the closest one."""
 
 
-def _one_of(options: tuple[str, ...], what: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if value not in options:
-            raise ValueError(f"not {what}" + did_you_mean(value, options))
-        return value
-    return AfterValidator(check)
-
-
-MetricKey = Annotated[str, _one_of(KNOWN_METRICS, "a metric key of harness/keys.py")]
-Panel = Annotated[str, _one_of(KNOWN_METRICS + SPECIAL_PANELS, "a metric key (harness/keys.py) or a special panel")]
-Stat = Literal["final", "initial", "rise", "peak", "mean", "volatility", "min"]
-"""How one run's curve becomes one number (harness.summary.reduce_run)."""
+Panel = Annotated[str, one_of(KNOWN_METRICS + SPECIAL_PANELS, "a metric key (harness/keys.py) or a special panel")]
 
 
 @section
@@ -100,107 +88,6 @@ class Profile:
     """Seeds at this scale (default: the file's)."""
     variant_set: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Variant name -> overrides for that variant at this scale."""
-
-
-@section
-class OnMetric:
-    """A rule about `stat` of `metric` (the rules' `kind` picks the class, see RULES)."""
-
-    metric: MetricKey
-    """What is compared."""
-    _: dataclasses.KW_ONLY
-    stat: Stat = "final"
-    """How each run's curve becomes one number."""
-
-
-@section
-class Compare(OnMetric):
-    """`stat` of `metric` is lower for variant `lower` than for variant `higher`."""
-
-    lower: str
-    """The variant claimed lower."""
-    higher: str
-    """The variant claimed higher."""
-
-
-@section
-class Similar(OnMetric):
-    """`stat` of `metric` does not tell the `variants` apart (every pair within the seed spread)."""
-
-    variants: Annotated[list[str], Field(min_length=2)]
-    """The variants claimed alike."""
-
-
-@section
-class Trend(OnMetric):
-    """`stat` of `metric` moves in `direction` as the config key `axis` grows across variants."""
-
-    axis: str
-    """A config key the variants set to numbers (e.g. ppo.kl_coef)."""
-    direction: Literal["increasing", "decreasing"]
-    """The claimed direction."""
-
-
-@section
-class Threshold(OnMetric):
-    """`stat` of `metric` is above (op ">") or below ("<") `value`, for `variant` (null: every variant)."""
-
-    op: Literal[">", "<"]
-    """Above or below."""
-    value: Float
-    """The threshold."""
-    variant: str | None = None
-    """The variant (null: every variant with runs)."""
-
-
-@section
-class Collapses:
-    """Runs of `variant` are marked collapsed (expected true) or not (expected false)."""
-
-    variant: str
-    """The variant."""
-    expected: Bool = True
-    """Whether the claim is that it collapses."""
-
-
-@section
-class PairsAboveChance:
-    """Each reward model orders more than half of the held-out pairs as the labeler did (Fig. 2)."""
-
-
-@section
-class EvalScoresShift:
-    """The held-out RM-score distribution's `what` grows from the first to the last eval step (Fig. 13)."""
-
-    what: Literal["mean", "sd"] = "mean"
-    """Which moment grows."""
-
-
-RULES: dict[str, type] = {
-    re.sub(r"(?<!^)(?=[A-Z])", "_", c.__name__).lower(): c  # PairsAboveChance -> pairs_above_chance
-    for c in (Compare, Similar, Trend, Threshold, Collapses, PairsAboveChance, EvalScoresShift)
-}
-"""Rule `kind` -> its section."""
-
-
-@section
-class Claim:
-    statement: Annotated[str, Field(min_length=1)]
-    """The claim in words (the paper's, paraphrased, for `source: paper`)."""
-    source: Literal["paper", "literature", "ours"]
-    """paper: the Secrets-of-RLHF / APA paper states it (give its `section`); literature: another
-    paper states it (give it in `section`, e.g. "Dr. GRPO, Liu et al. 2025, Sec. 3"); ours: our own
-    check or an open question."""
-    rule: Any
-    """How the verdict is reached: in the file a mapping of `kind` (one of RULES) and that rule's
-    parameters; once loaded, that RULES section."""
-    section: str | None = None
-    """The paper's section, e.g. "5.3.1" (required for source: paper), or the citation (literature)."""
-
-    @property
-    def cited(self) -> str:
-        """'paper 5.3.1' or 'ours'."""
-        return {"paper": f"paper {self.section}", "literature": f"{self.section}"}.get(self.source, "ours")
 
 
 @section
@@ -452,39 +339,6 @@ def _expand_variants(fs: FigureFile, leaves: list[str] | None, where: str, probl
     return variants
 
 
-def _claims(fs: FigureFile, variants: list[Variant], source: str, problems: list[str]) -> list[Claim]:
-    """Validate each claim's rule (by kind); every variant a rule names must be in the grid."""
-    names = [v.name for v in variants]
-    out = []
-    for i, entry in enumerate(fs.claims):
-        where = f"{source}: claims.{i}"
-        if entry.source in ("paper", "literature") and not entry.section:
-            problems.append(f"{where}.section: missing; a paper claim names the paper's section, e.g. \"5.3.1\"")
-        params = dict(entry.rule) if isinstance(entry.rule, dict) else {}
-        kind = params.pop("kind", None)
-        if kind not in RULES:
-            hit, typo = closest(kind, RULES), kind is None and closest("kind", map(str, params))
-            got = f"missing ({typo!r} is not a key; did you mean kind?)" if typo else f"got {kind!r}"
-            problems.append(f"{where}.rule.kind: {got}; allowed: {', '.join(RULES)}"
-                            + (f" (did you mean {hit!r}?)" if hit else ""))
-            continue
-        try:
-            rule = validate(RULES[kind], params, source, prefix=f"claims.{i}.rule.")
-        except ConfigError as e:
-            problems += e.problems
-            continue
-        named = [(f"variants.{j}", v) for j, v in enumerate(getattr(rule, "variants", []))]
-        named += [(a, getattr(rule, a)) for a in ("lower", "higher", "variant") if getattr(rule, a, None) is not None]
-        problems += [f"{where}.rule.{field}: got {v!r}; not a variant of this grid" + did_you_mean(v, names)
-                     for field, v in named if v not in names]
-        if isinstance(rule, Trend) and sum(rule.axis in v.settings for v in variants) < 2:
-            varied = sorted({k for v in variants for k in v.settings})
-            problems.append(f"{where}.rule.axis: got {rule.axis!r}; fewer than two variants set it"
-                            + did_you_mean(rule.axis, varied))
-        out.append(dataclasses.replace(entry, rule=rule))
-    return out
-
-
 def load_registry(
     path: str | Path,
     *,
@@ -533,7 +387,7 @@ def load_registry(
     reg = Registry(
         name=fs.name, figure=fs.figure, title=fs.title or fs.name, kind=fs.kind, path=path, base=fs.base,
         seeds=list(seeds or fs.seeds), variants=variants, panels=list(fs.panels), x=fs.x,
-        claims=_claims(fs, variants, src, problems), order=fs.order, inferred=list(fs.inferred),
+        claims=check_claims(fs.claims, variants, src, problems), order=fs.order, inferred=list(fs.inferred),
         description=" ".join(fs.description.split()), shared=flat_settings(fs.set, leaves, f"{where}set", problems),
         profiles=list(fs.profiles), scale=scale or DEFAULT_SCALE, reference_worlds=fs.reference_worlds,
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 
@@ -137,6 +137,15 @@ def did_you_mean(word: Any, options: typing.Iterable[str], prefix: str = "") -> 
     opts = list(options)
     hit = closest(word, opts)
     return f"; did you mean {prefix}{hit}?" if hit else f"; allowed: {', '.join(prefix + o for o in opts)}"
+
+
+def one_of(options: tuple[str, ...], what: str) -> AfterValidator:
+    """A string field's check: one of `options`, else 'not WHAT; did you mean ...?'."""
+    def check(value: str) -> str:
+        if value not in options:
+            raise ValueError(f"not {what}" + did_you_mean(value, options))
+        return value
+    return AfterValidator(check)
 
 
 def _fields(cls: Any) -> dict[str, Any]:

@@ -301,7 +301,10 @@ def claims_flowables(sec: Section, st) -> list:
             power.append(f"“{r.claim}”: with n = {r.n} seeds, a difference smaller than {r.min_detectable:.2g} "
                          "would not be detected")
     note = (f"Verdicts: reproduced when the {1 - ALPHA:.0%} interval lies wholly on the claimed side, not reproduced "
-            f"when wholly on the other, else inconclusive; always inconclusive with fewer than {MIN_SEEDS} runs per "
+            f"when wholly on the other, else inconclusive; a claim that variants are alike (similar), by equivalence: "
+            f"two one-sided tests (TOST) at α = {ALPHA:g}, reproduced when the {1 - 2 * ALPHA:.0%} interval lies within "
+            "the claim's ±margin (its smallest difference that matters, with its reason in the rule), not reproduced "
+            f"when wholly outside it; always inconclusive with fewer than {MIN_SEEDS} runs per "
             f"variant. Source: the paper's section, or ours (our own extra check).")
     if sec.claims["worlds"].astype(bool).any():
         note += WORLDS_NOTE

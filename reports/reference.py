@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from analysis import detector
-from analysis.claims import on_worlds
-from analysis.compare import provenance_values, summarize, world_entry_label
+from analysis.claims import check_claims, on_worlds
+from analysis.compare import claim_entry, from_summary, provenance_values, summarize, world_entry_label
 from analysis.stats import WORLD_DEPENDENT
 from analysis.store import one_or_sorted
 from harness import provenance, statefile
+from harness.rules import RULES
 from harness.schema import ConfigError
 from harness.summary import fmt
 
@@ -83,6 +84,38 @@ def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[s
     return res
 
 
+def redecide(summary: dict[str, Any], kind: str, ablations_dir: str | Path | None = None) -> list[tuple[str, str, str, str]]:
+    """Re-decide, in `summary`, every claim whose rule is of `kind` (harness.rules.RULES) from the per-run
+    numbers the summary keeps (analysis.compare.from_summary: the same claims code as a store), with the
+    figure files' claims as they stand now: for a rule whose test changed while the runs did not. Records
+    `redecided`: per kind, the figures, the commit, where the numbers came from. Returns (figure, claim,
+    verdict before, verdict now) per claim re-decided."""
+    from harness.registry import find_ablation, load_registry
+
+    done, figures = [], []
+    for name, f in summary["figures"].items():
+        try:
+            spec = load_registry(find_ablation(name, ablations_dir), resolve=False)
+        except (ConfigError, LookupError):  # LookupError: harness.registry.UnknownAblation
+            continue
+        claims = [c for c in spec.claims if isinstance(c.rule, RULES[kind])]
+        if not claims:
+            continue
+        figures.append(name)
+        for row in check_claims(from_summary(spec, f), claims).to_dict("records"):
+            new = claim_entry(row)
+            at = next((i for i, c in enumerate(f["claims"]) if c["claim"] == new["claim"]), None)
+            done.append((name, new["claim"], "–" if at is None else f["claims"][at]["verdict"], new["verdict"]))
+            if at is None:
+                f["claims"].append(new)
+            else:
+                f["claims"][at] = new
+    summary.setdefault("redecided", {})[kind] = {
+        "at_commit": provenance.commit(ignore=GENERATED), "figures": figures,
+        "from": "the per-run numbers of this summary (4 significant digits), not the runs' store"}
+    return done
+
+
 def _row(cells: list[Any]) -> str:
     return "| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |"
 
@@ -103,8 +136,9 @@ def figure_text(name: str, f: dict) -> list[str]:
                                                                                  "not detectable below"]
         out += [_row(head), _row(["---"] * len(head))]
         for c in f["claims"]:
+            margin = f"; margin ±{fmt(c['margin'])}" if "margin" in c else ""
             est = (f"{c['statistic']} {fmt(c.get('estimate'))} [{fmt(c.get('ci_low'))}, {fmt(c.get('ci_high'))}] "
-                   f"({c['level']:.0%} CI)" if "level" in c and "estimate" in c else "–")
+                   f"({c['level']:.0%} CI{margin})" if "level" in c and "estimate" in c else "–")
             verdict = f"**{c['verdict']}**" + (f": {c['reason']}" if c.get("reason") else "")
             out.append(_row([c["claim"], c["source"], verdict] + ([worlds_cell(c)] if several else [])
                             + [c.get("n", "–"), est, fmt(c.get("p_value")), fmt(c.get("min_detectable"))]))
@@ -222,6 +256,10 @@ def readme(summary: dict) -> str:
         lines += figure_text(name, summary["figures"][name])
     for name, t in sorted((summary.get("tricks") or {}).items()):
         lines += tricks_text(name, t)
+    for kind, r in sorted((summary.get("redecided") or {}).items()):
+        lines += [f"The `{kind}` claims of {', '.join(r['figures'])} were decided again at commit {r['at_commit']} from "
+                  f"{r['from']} (`python -m reports.reference --redecide {kind}`): their rule changed, the runs did not.",
+                  ""]
     if summary.get("merged"):
         lines += ["Put in after that build, from the stores they were run into (`python -m reports.build NAME "
                   "--reference --merge`): " + ", ".join(f"{n} (built at {c})" for n, c in sorted(summary["merged"].items()))
@@ -279,7 +317,9 @@ def write_summary(summary: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m reports.reference --detector`: the committed summary takes the detector's committed
     evaluation (reports/detector/evaluation.json) and reports/README.md is written again from it, the
-    figures' results untouched (they change only with a reference rebuild of their runs)."""
+    figures' results untouched (they change only with a reference rebuild of their runs).
+    `--redecide KIND`: the claims of that rule kind decided again from the summary's per-run numbers
+    (after their rule changed), the verdicts that moved printed."""
     import argparse
     import sys
 
@@ -287,9 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (and "
                     "reports/detector/audit/evaluation.json, the audit RMs' detector) into the summary")
     ap.add_argument("--out", default=str(Path(__file__).parent), help="the reference folder (default: reports/)")
+    ap.add_argument("--redecide", choices=list(RULES), metavar="KIND",
+                    help="decide the claims of this rule kind again from the summary's per-run numbers (after their "
+                         f"rule changed; the runs untouched), and say which verdicts moved; one of {', '.join(RULES)}")
     args = ap.parse_args(argv)
     out = Path(args.out)
     summary = json.loads((out / "reference.json").read_text())
+    if args.redecide:
+        for name, claim, was, now in redecide(summary, args.redecide):
+            print(f"{name}: {claim}\n    {was} -> {now}" + ("" if was != now else " (unchanged)"))
     if args.detector:
         ev = detector.load_summary(out / "detector" / "evaluation.json")
         if ev is None:

@@ -21,9 +21,8 @@ from analysis.synthetic import Curve, write_ablation, write_world_ablation
 from harness import keys as K
 from harness import tracking
 from reports.build import final_peak_table
-from harness.registry import (
-    Claim, EvalScoresShift, PairsAboveChance, UnknownAblation, ablation_names, find_ablation, load_registry,
-)
+from harness.registry import UnknownAblation, ablation_names, find_ablation, load_registry
+from harness.rules import Claim, EvalScoresShift, Margin, PairsAboveChance, Similar
 
 ETAS = ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
 SEEDS = (0, 1, 2, 3, 4)  # stats.MIN_SEEDS: fewer seeds never decide
@@ -49,13 +48,16 @@ claims:
     rule: {kind: trend, metric: objective/kl, axis: ppo.kl_coef, direction: decreasing}
   - statement: "η 0.05 and 0.2 end at the same KL."
     source: ours
-    rule: {kind: similar, metric: objective/kl, variants: ["KL penalty η=0.05", "KL penalty η=0.2"]}
+    rule: {kind: similar, metric: objective/kl, variants: ["KL penalty η=0.05", "KL penalty η=0.2"],
+           margin: {share: 0.1, of: "KL penalty η=0.2"}, margin_reason: "a tenth of the tightest penalty's KL"}
   - statement: "Every η ends at the same RM score."
     source: ours
     rule:
       kind: similar
       metric: objective/rm_score
       variants: ["KL penalty η=0.05", "KL penalty η=0.1", "KL penalty η=0.2"]
+      margin: {abs: 0.1}
+      margin_reason: "a tenth of a unit of RM score"
   - statement: "A larger η raises KL."
     source: ours
     rule: {kind: trend, metric: objective/kl, axis: ppo.kl_coef, direction: increasing}
@@ -140,7 +142,8 @@ claims:
     rule: {kind: collapses, variant: "reward normalize, δ=0.8", expected: false}
   - statement: "Both end at the same KL, as far as the seeds tell."
     source: ours
-    rule: {kind: similar, metric: objective/kl, variants: ["reward scale", "reward normalize, δ=0.8"]}
+    rule: {kind: similar, metric: objective/kl, variants: ["reward scale", "reward normalize, δ=0.8"],
+           margin: {share: 0.1, of: "reward scale"}, margin_reason: "a tenth of reward scaling's KL"}
   - statement: "Reward normalization collapses later than reward scaling."
     source: ours
     rule: {kind: compare, metric: collapse/step, lower: "reward scale", higher: "reward normalize, δ=0.8"}
@@ -487,9 +490,21 @@ def test_trend_threshold_and_similar(env):
     assert kl_eta["Every η ends at the same RM score."].verdict == C.REPRODUCED
     assert kl_eta["η 0.05 and 0.2 end at the same KL."].verdict == C.NOT_REPRODUCED
     alike = verdicts(env, "score_reparam")["Both end at the same KL, as far as the seeds tell."]
-    assert alike.verdict == C.INCONCLUSIVE and "half-width" in alike.test  # no difference found, but too wide
+    assert alike.verdict == C.INCONCLUSIVE and "TOST" in alike.test  # no difference found, but too wide for the margin
+    assert "margin ±" in alike.numbers and alike.level == pytest.approx(0.9) and alike.margin > 0
     one_seed = verdicts(env, "rm_accuracy")["The RM's held-out accuracy beats chance."]
     assert one_seed.verdict == C.INCONCLUSIVE and "fewer than 5 runs" in one_seed.reason
+
+
+def test_equivalence_resolves_the_margin_on_the_runs_judged_and_says_when_it_cannot():
+    import numpy as np
+
+    rule = Similar("objective/gold_score", ["a", "b"], Margin(share=0.1, of="b"), "a tenth of b")
+    a, b = [np.array([2.0, 2.01, 1.99, 2.02, 1.98])], [np.array([2.0, 1.99, 2.01, 1.98, 2.02])]
+    [(label, c)] = C.equivalence(rule, {"a": a, "b": b})
+    assert c.margin == pytest.approx(0.2) and c.verdict == C.REPRODUCED and label.startswith("a ")
+    with pytest.raises(C.Unjudged, match="needs that mean positive, got -2"):  # a share of a negative gold mean
+        C.equivalence(rule, {"a": a, "b": [-x for x in b]})
 
 
 def test_collapse_claims_binomial_and_rmst(env):

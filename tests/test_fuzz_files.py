@@ -25,7 +25,8 @@ from test_fuzz_config import _parts, bad_values, mistype
 
 from harness import ablate, sweep, sweepfile
 from harness.config import TrainConfig
-from harness.registry import ABLATIONS_DIR, RULES, FigureFile
+from harness.registry import ABLATIONS_DIR, FigureFile
+from harness.rules import RULES
 from harness.schema import iter_fields
 from harness.world.config import WorldConfig
 

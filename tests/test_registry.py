@@ -9,7 +9,8 @@ import yaml
 
 from harness import ablate
 from harness.config import TrainConfig
-from harness.registry import ABLATIONS_DIR, RULES, RegistryError, load_registry, registry_files, slug
+from harness.registry import ABLATIONS_DIR, RegistryError, load_registry, registry_files, slug
+from harness.rules import RULES, Margin, Similar
 
 FILES = registry_files()
 FIGURE_FILES = {
@@ -123,6 +124,48 @@ def test_claim_with_a_mistyped_rule_kind_or_parameter_names_the_closest(tmp_path
         name="claimed", rule='{kind: trend, metric: objective/kl, axis: ppo.kl_coeff, direction: decreasing}'))
     msg = str(pytest.raises(RegistryError, load_registry, p).value)
     assert "claims.0.rule.axis: got 'ppo.kl_coeff'; fewer than two variants set it" in msg
+
+
+SIMILAR = '{{kind: similar, metric: objective/kl, variants: ["KL penalty", "vanilla PPO"]{more}}}'
+
+
+@pytest.mark.parametrize("more, problems", [
+    ("", ["claims.0.rule.margin: missing; a `similar` claim states the smallest difference that matters, e.g. "
+          "margin: {abs: 0.1}", "claims.0.rule.margin_reason: missing"]),
+    (', margin: {abs: -0.1}, margin_reason: "x"', ["claims.0.rule.margin.abs: got -0.1; allowed: a number > 0"]),
+    (', margin: {share: 0.1, of: "vanila PPO"}, margin_reason: "x"',
+     ["claims.0.rule.margin.of: got 'vanila PPO'; allowed: one of the claim's variants ('KL penalty', 'vanilla PPO')"]),
+    (', margin: {abs: 0.1, share: 0.1, of: "KL penalty"}, margin_reason: "x"',
+     ["claims.0.rule.margin: got {'abs': 0.1, 'share': 0.1, 'of': 'KL penalty'}; allowed: {abs: NUMBER} (in the "
+      "metric's units) or {share: NUMBER, of: VARIANT}"]),
+    (', margin: {share: 0.1}, margin_reason: "x"', ["claims.0.rule.margin: got {'share': 0.1}; allowed: {abs: NUMBER}"]),
+    (', margin: {share: 2, of: "KL penalty"}, margin_reason: ""',
+     ["claims.0.rule.margin.share: got 2; allowed: a number > 0 and <= 1",
+      "claims.0.rule.margin_reason: got ''; allowed: one line of text"]),
+])
+def test_a_similar_claim_states_its_margin_and_why(tmp_path, more, problems):
+    """A bad margin is an error naming the file, the field, the value and what is allowed, before any run."""
+    p = write(tmp_path, "claimed", CLAIMED.format(name="claimed", rule=SIMILAR.format(more=more)))
+    msg = str(pytest.raises(RegistryError, load_registry, p, resolve=False).value)
+    for problem in problems:
+        assert f"{p}: {problem}" in msg
+    assert msg.count(f"{p}: claims.0.rule.margin:") <= 1  # one line for a missing margin, not two
+
+
+def test_a_margin_resolves_in_the_metrics_units_or_as_a_share_of_a_variants_mean(tmp_path):
+    rule = SIMILAR.format(more=', margin: {share: 0.1, of: "KL penalty"}, margin_reason: "a tenth of its KL"')
+    spec = load_registry(write(tmp_path, "claimed", CLAIMED.format(name="claimed", rule=rule)), resolve=False)
+    margin = spec.claims[0].rule.margin
+    assert margin.resolve({"KL penalty": 2.0, "vanilla PPO": 9.0}) == pytest.approx(0.2)
+    assert str(margin) == "±10% of the mean of 'KL penalty'"
+    with pytest.raises(ValueError, match="needs that mean positive, got -1"):  # a share of a mean at or below 0
+        margin.resolve({"KL penalty": -1.0})
+    assert Margin(abs=0.3).resolve({}) == 0.3 and str(Margin(abs=0.3)) == "±0.3"
+
+
+def test_every_similar_claim_of_the_figure_files_states_a_margin_and_why():
+    rules = [c.rule for p in FILES for c in load_registry(p, resolve=False).claims if isinstance(c.rule, Similar)]
+    assert len(rules) >= 11 and all(r.margin_reason and (r.margin.abs or r.margin.of in r.variants) for r in rules)
 
 
 def test_score_reparam_is_the_papers_five_variants_and_vanilla_ppo():

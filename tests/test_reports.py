@@ -306,3 +306,46 @@ def test_merge_asks_for_the_reference_and_the_names_to_put_in(tmp_path, capsys):
         assert build_main([*args, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
         assert "--merge: needs --reference and the ABLATION names" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+ALIKE_YAML = """
+name: alike
+figure: "x"
+order: 99
+variants: ["a", "b"]
+panels: [objective/rm_score]
+claims:
+  - statement: "a and b end alike."
+    source: ours
+    rule: {kind: similar, metric: objective/rm_score, variants: ["a", "b"], margin: {abs: 0.1}, margin_reason: "small"}
+  - statement: "b ends lower than a."
+    source: ours
+    rule: {kind: compare, metric: objective/rm_score, lower: "b", higher: "a"}
+"""
+
+
+def test_similar_claims_are_decided_again_from_the_summarys_per_run_numbers(tmp_path):
+    """`python -m reports.reference --redecide similar`: the summary's per-run numbers, grouped by their world,
+    go through the claims code again (a rule changed, the runs did not); the other claims stay as they were."""
+    from reports.reference import readme, redecide
+
+    (tmp_path / "alike.yaml").write_text(ALIKE_YAML)
+    noise = [0.01, -0.02, 0.0, 0.02, -0.01]
+    per_world = {"a": [o + 0.03 + e for o in (0.0, 5.0) for e in noise], "b": [o + e for o in (0.0, 5.0) for e in noise[::-1]]}
+    variants = {v: {"n": 10, "seeds": [0, 1, 2, 3, 4] * 2, "world": [0] * 5 + [1] * 5, "collapsed": 0, "best_step": [],
+                    "metrics": {"final objective/rm_score": x}} for v, x in per_world.items()}
+    kept = {"claim": "b ends lower than a.", "source": "ours", "verdict": "inconclusive", "estimate": 1.0}
+    summary = {"figures": {"alike": {
+        "title": "alike", "figure": "x", "inferred": [], "run_commits": [], "variants": variants,
+        "worlds": [{"hash": "w0", "seed": 0}, {"hash": "w1", "seed": 1}],
+        "claims": [{"claim": "a and b end alike.", "source": "ours", "verdict": "not reproduced"}, kept]}},
+        "not_run": [], "provenance": {}, "built_at_commit": "abc"}
+    assert redecide(summary, "similar", tmp_path) == [("alike", "a and b end alike.", "not reproduced", "reproduced")]
+    alike, other = summary["figures"]["alike"]["claims"]
+    assert other == kept
+    assert alike["margin"] == 0.1 and alike["level"] == pytest.approx(0.9) and alike["n"] == "10 vs 10"
+    assert alike["estimate"] == pytest.approx(0.03, abs=1e-9) and -0.1 < alike["ci_low"] < alike["ci_high"] < 0.1
+    assert alike["world_verdicts"] == ["reproduced"] * 2 and alike["statistic"] == "mean within-world difference"
+    assert summary["redecided"]["similar"]["figures"] == ["alike"]
+    text = readme(summary)
+    assert "(90% CI; margin ±0.1)" in text and "The `similar` claims of alike were decided again" in text

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from analysis.stats import (
-    NOT_REPRODUCED, INCONCLUSIVE, REPRODUCED, censor, compare, compare_to, hedges_g, min_detectable, proportion_ci,
+    NOT_REPRODUCED, INCONCLUSIVE, REPRODUCED, censor, compare, compare_strata, compare_to, hedges_g, min_detectable, proportion_ci,
     rate_vs_half,
 )
 
@@ -78,8 +78,66 @@ def test_rate_against_one_half_is_the_one_sided_binomial_test():
     assert "cannot decide with n = 3" in rate_vs_half(3, 3).test
 
 
-def test_alike_needs_an_interval_inside_the_margin():
+def test_alike_is_equivalence_within_the_margin_tost():
+    """Two one-sided tests: the 90% interval within ±margin (reproduced), wholly outside (not), else inconclusive."""
     a, b = [1.0, 1.01, 0.99, 1.02, 0.98], [1.005, 0.995, 1.0, 1.015, 0.985]
-    assert compare(a, b, "equal", margin=0.1).verdict == REPRODUCED
+    same = compare(a, b, "equal", margin=0.1)
+    assert same.verdict == REPRODUCED and same.level == pytest.approx(0.9) and same.margin == 0.1
+    assert "TOST" in same.test and "90% CI" in same.test and "margin ±0.1" in same.describe()
+    assert -0.1 < same.ci_low < same.ci_high < 0.1
     assert compare(a, b, "equal", margin=0.001).verdict == INCONCLUSIVE  # cannot rule out a difference that small
-    assert compare([5, 6, 7, 8, 9], [1, 2, 3, 4, 5], "equal", margin=10).verdict == NOT_REPRODUCED
+    # clearly different, beyond the margin: the whole interval above +1
+    apart = compare([5, 6, 7, 8, 9], [1, 2, 3, 4, 5], "equal", margin=1)
+    assert apart.verdict == NOT_REPRODUCED and apart.ci_low > 1
+    # the same samples against a margin wider than the difference: equivalent, TOST p = the one relabelling
+    # as extreme as the observed split, in each one-sided test (hand count: 1/252 for both)
+    wide = compare([5, 6, 7, 8, 9], [1, 2, 3, 4, 5], "equal", margin=10)
+    assert wide.verdict == REPRODUCED and wide.p_value == pytest.approx(1 / 252)
+
+
+def test_a_small_real_difference_within_the_margin_is_equivalent_with_many_runs():
+    """More data narrow the interval: a difference that is real (the interval leaves 0) but within the
+    margin is reproduced, where the old rule (not reproduced whenever the 95% interval leaves 0) refuted it."""
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(1.05, 0.1, 60), rng.normal(1.0, 0.1, 60)
+    c = compare(a, b, "equal", margin=0.2)
+    assert c.ci_low > 0 and c.verdict == REPRODUCED and c.p_value <= 0.05
+    assert compare(a, b, "greater").verdict == REPRODUCED  # the difference itself is there
+    # too few runs, or too noisy for this margin: inconclusive
+    assert compare(a[:4], b[:4], "equal", margin=0.2).verdict == INCONCLUSIVE
+    noisy = compare(rng.normal(1.05, 1.0, 5), rng.normal(1.0, 1.0, 5), "equal", margin=0.2)
+    assert noisy.verdict == INCONCLUSIVE and noisy.ci_low < -0.2 and noisy.ci_high > 0.2
+
+
+def test_tost_interval_is_the_two_sided_one_at_twice_alpha_and_agrees_with_its_p_value():
+    """Equal group sizes: the permutation distribution is symmetric, so the one-sided bounds at alpha are the
+    two-sided interval at 2 alpha; and the verdict "equivalent" is exactly TOST p <= alpha."""
+    rng = np.random.default_rng(11)
+    for _ in range(15):
+        a, b = rng.normal(0.1, 1, 6), rng.normal(0, 1, 6)
+        m = float(rng.uniform(0.5, 3))
+        c = compare(a, b, "equal", margin=m)
+        two = compare(a, b, "greater", alpha=0.1)
+        assert (c.ci_low, c.ci_high) == pytest.approx((two.ci_low, two.ci_high)) and two.level == pytest.approx(0.9)
+        assert (c.verdict == REPRODUCED) == (c.p_value <= 0.05)
+
+
+def test_equivalence_pooled_over_worlds_takes_the_world_offsets_out():
+    """Worlds move all their runs alike: stratified by world, a small within-world difference is equivalent;
+    the same runs pooled without worlds carry the offsets as noise and cannot tell."""
+    rng = np.random.default_rng(5)
+    offsets = [0.0, 3.0, -3.0]
+    a = [rng.normal(o + 0.02, 0.05, 5) for o in offsets]
+    b = [rng.normal(o, 0.05, 5) for o in offsets]
+    pooled = compare_strata(a, b, "equal", margin=0.1)
+    assert pooled.verdict == REPRODUCED and pooled.level == pytest.approx(0.9) and "stratified" in pooled.test
+    assert "TOST" in pooled.test and pooled.margin == 0.1
+    assert compare(np.concatenate(a), np.concatenate(b), "equal", margin=0.1).verdict == INCONCLUSIVE
+    apart = compare_strata([x + 0.5 for x in a], b, "equal", margin=0.1)
+    assert apart.verdict == NOT_REPRODUCED and apart.ci_low > 0.1
+
+
+def test_equivalence_needs_a_positive_margin():
+    for bad in (math.nan, 0.0, -0.1):
+        with pytest.raises(ValueError, match="margin > 0"):
+            compare([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], "equal", margin=bad)

@@ -181,6 +181,14 @@ claims:
   - statement: "No KL collapses."
     source: ours
     rule: {{kind: collapses, variant: "no KL"}}
+  - statement: "The KL penalty leaves KL where it was."
+    source: ours
+    rule: {{kind: similar, metric: objective/kl, variants: ["KL", "no KL"], margin: {{share: 0.1, of: "no KL"}},
+            margin_reason: "a tenth of the KL without a penalty"}}
+  - statement: "The KL penalty's KL is no KL's within a mile."
+    source: ours
+    rule: {{kind: similar, metric: objective/kl, variants: ["KL", "no KL"], margin: {{abs: 1000.0}},
+            margin_reason: "nothing below a thousand nats matters"}}
 """
 
 
@@ -198,7 +206,10 @@ def test_the_one_factor_claims_against_the_design(planted, tmp_path):
                     "A larger KL penalty keeps KL lower still.": "cannot say",
                     "Advantage normalization does not collapse.": "agrees",
                     "Advantage normalization ends above 0.5 gold.": "agrees",
-                    "The KL penalty raises the RM score.": "cannot say", "No KL collapses.": "cannot say"}
+                    "The KL penalty raises the RM score.": "cannot say", "No KL collapses.": "cannot say",
+                    "The KL penalty leaves KL where it was.": "contradicts",  # equivalence, beyond a tenth
+                    "The KL penalty's KL is no KL's within a mile.": "agrees"}
+    assert "alike within ±10% of the mean of 'no KL'" in table.loc["The KL penalty leaves KL where it was.", "test"]
     why = table["reason"].to_dict()
     assert "model.policy_init, which the study does not vary" in why["A pretrained policy with KL reaches more gold."]
     assert "a value the design does not draw: ppo.kl_coef (ppo.kl_coef=0.2)" in why["A larger KL penalty keeps KL lower still."]

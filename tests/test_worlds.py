@@ -23,7 +23,7 @@ from analysis.stats import (
 from analysis.store import load_ablation
 from analysis.synthetic import Curve, world_hash, write_ablation, write_world_ablation, write_worlds
 from harness import keys as K
-from harness.registry import Claim, EvalScoresShift, PairsAboveChance
+from harness.rules import Claim, EvalScoresShift, PairsAboveChance
 from reports.reference import figure_text
 from test_analysis import fast_dir
 
