@@ -8,7 +8,7 @@ The runs: held-out runs of the detector campaign's store (`analysis.detector`'s 
 detector file records it) on which the detector warns; on a run it never warns every action is
 doing nothing, so only warned runs can differ. Up to `--runs` of them: up to a third false
 alarms (gold held; where acting costs), the rest gold falls (where it may save), each in the store's order. Each is trained again from its
-own config.yaml (same seed, same world: the same run up to the warning), once per action: none,
+own config.yaml (arms already finished in `--store` are read back, not trained again) (same seed, same world: the same run up to the warning), once per action: none,
 stop, raise_kl, rollback, with `collapse.stop_on_collapse=false` so "none" runs its whole budget.
 Final gold is `harness.summary`'s final (mean of the last 10% of logged steps; for `stop` those of
 the run up to the warning). Per action: the mean paired difference against none with its 95%
@@ -44,6 +44,19 @@ def train_arm(config_yaml: str, store: str, out_dir: str, name: str, action: str
     return reduce_run([v for _, v in tracking.metric_history(store, res.run_id, K.GOLD_SCORE)], "final")
 
 
+def finished_arms(store: str) -> dict[str, float]:
+    """{run name: final gold} of the finished arms already in the bench's store."""
+    from harness import keys as K
+    from harness import tracking
+    from harness.summary import reduce_run
+
+    c = tracking.client(store)
+    ids = [e.experiment_id for e in c.search_experiments()]
+    runs = c.search_runs(ids, "attributes.status = 'FINISHED'", max_results=50000) if ids else []
+    return {r.info.run_name: reduce_run([v for _, v in tracking.metric_history(store, r.info.run_id, K.GOLD_SCORE)], "final")
+            for r in runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.warning_actions", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,22 +81,29 @@ def main(argv: list[str] | None = None) -> int:
     # false alarms are where acting costs, falls where it may save: up to a third of the runs from the
     # false alarms, the rest from the falls, each in the store's order
     alarms = [r for r in every if not r.fell][: a.runs // 3]
-    warned = [r for r in every if r.fell][: a.runs - len(alarms)] + alarms
+    falls = [r for r in every if r.fell][: a.runs - len(alarms)]
+    warned = [r for i in range(max(len(falls), len(alarms) * 2))  # interleaved: a cut-short bench holds both
+              for r in falls[2 * i:2 * i + 2] + alarms[i:i + 1]]
     print(f"{len(runs)} held-out runs, {len(every)} warned; acting on "
           f"{len(warned)} ({sum(r.fell for r in warned)} whose gold fell)", flush=True)
     store_dir = Path(a.store)
     store_dir.mkdir(parents=True, exist_ok=True)
     store = f"sqlite:///{store_dir.resolve() / 'mlflow.db'}"
     tmp = Path(tempfile.mkdtemp())
-    jobs = {}
+    jobs, done = {}, finished_arms(store)  # a rerun of the bench into its store trains only the missing arms
     with ProcessPoolExecutor(a.workers) as pool:
         for r in warned:
             (tmp / r.run_id).mkdir()
             cfg_path = tracking.client(a.source).download_artifacts(r.run_id, "config.yaml", str(tmp / r.run_id))
             for action in ACTIONS:
-                jobs[(r.run_id, action)] = pool.submit(train_arm, str(cfg_path), store, str(store_dir / "runs"),
-                                                       f"{r.variant}-{r.run_id[:6]}", action, str(Path(a.detector).resolve()))
+                name = f"{r.variant}-{r.run_id[:6]}"
+                if f"{name}-{action}" not in done:
+                    jobs[(r.run_id, action)] = pool.submit(train_arm, str(cfg_path), store, str(store_dir / "runs"),
+                                                           name, action, str(Path(a.detector).resolve()))
         gold = {k: f.result() for k, f in jobs.items()}
+    for r in warned:
+        for action in ACTIONS:
+            gold.setdefault((r.run_id, action), done.get(f"{r.variant}-{r.run_id[:6]}-{action}"))
     rows = [{"run_id": r.run_id, "ablation": r.ablation, "variant": r.variant, "fell": r.fell,
              "warning": D.warn_step(params, r), "onset": r.onset, **{act: gold[(r.run_id, act)] for act in ACTIONS}}
             for r in warned]

@@ -17,6 +17,35 @@ from harness import keys as K
 from harness import tracking
 
 REPO = Path(__file__).resolve().parents[1]
+# the shared data folder lies beside the checkout (../shared), in CI too
+HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+
+
+def hh_texts(n: int) -> list[str]:
+    """The first n chosen dialogues of the HH-RLHF sample."""
+    import gzip
+    import json
+
+    with gzip.open(HH, "rt") as f:
+        return [json.loads(line)["chosen"] for _, line in zip(range(n), f)]
+
+
+def word_tokenizer(n_texts: int, vocab: int, specials: list[str]):
+    """A word-level `tokenizers.Tokenizer` trained on the first n_texts HH-RLHF dialogues (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.train_from_iterator(hh_texts(n_texts), trainers.WordLevelTrainer(vocab_size=vocab, special_tokens=specials))
+    return tk
+
+
+def hh_tokenizer(n_texts: int, vocab: int):
+    """`word_tokenizer` as a transformers tokenizer with <pad>, <eos> and <unk>, as a GPT-2-style model saves it."""
+    from transformers import PreTrainedTokenizerFast
+
+    tk = word_tokenizer(n_texts, vocab, ["<pad>", "<eos>", "<unk>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
 VARIANTS = ["reward scale", "reward normalize, δ=0.8"]

@@ -1,7 +1,6 @@
 """The real data path: HH-RLHF prompts and Hugging Face models from local directories."""
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -11,25 +10,18 @@ import torch
 from harness import keys, tracking
 from harness.config import ConfigError, load_config
 from harness.train import train
+from helpers import HH, hh_tokenizer
 
-# the shared data folder lies beside the checkout (../shared), in CI too
-HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     """A word-level tokenizer trained on HH text, and tiny GPT-2 policy/SFT/RM saved like any HF model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
     root = tmp_path_factory.mktemp("hf")
-    with gzip.open(HH, "rt") as f:
-        texts = [json.loads(line)["chosen"] for _, line in zip(range(300), f)]
-    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=600, special_tokens=["<pad>", "<eos>", "<unk>"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok = hh_tokenizer(300, 600)
     torch.manual_seed(0)
     c = GPT2Config(vocab_size=len(tok), n_positions=96, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
                    attn_pdrop=0.0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

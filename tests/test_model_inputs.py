@@ -5,8 +5,6 @@ Mistral-, Qwen2- and GPT-2-architecture models built from configs (no downloads)
 token (Llama), on the shared HH-RLHF sample."""
 from __future__ import annotations
 
-import gzip
-import json
 import warnings
 from pathlib import Path
 
@@ -19,9 +17,8 @@ from harness.data.hh_rlhf import dialogue_messages
 from harness.models import Models, load_tokenizer, preflight
 from harness.parallel import enable_gradient_checkpointing
 from harness.trainer import PPOTrainer
+from helpers import HH, word_tokenizer
 
-# the shared data folder lies beside the checkout (../shared), in CI too
-HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]", "<|im_start|>", "<|im_end|>"]
@@ -39,19 +36,11 @@ KINDS = {
 DIALOGUE = "\n\nHuman: what is a cat\n\nAssistant: an animal\n\nHuman: and a dog\n\nAssistant:"
 
 
-def _texts() -> list[str]:
-    with gzip.open(HH, "rt") as f:
-        return [json.loads(line)["chosen"] for _, line in zip(range(300), f)]
-
-
 def _tokenizer(bos: bool, template: str | None, pad: bool):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.train_from_iterator(_texts(),
-                           trainers.WordLevelTrainer(vocab_size=700, special_tokens=SPECIALS))
+    tk = word_tokenizer(300, 700, SPECIALS)
     if bos:  # as Llama's and Mistral's tokenizers do: BOS before every encoded text
         tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
                                                           special_tokens=[("<s>", tk.token_to_id("<s>"))])

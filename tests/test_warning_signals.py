@@ -3,7 +3,6 @@ curve, the audit reward models (world and HH-RLHF paths), the actions on a warni
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import math
 from pathlib import Path
@@ -19,8 +18,8 @@ from harness.detector import (
 )
 from harness.train import train
 from conftest import fast_overrides
+from helpers import HH, hh_tokenizer
 
-HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
 
@@ -263,15 +262,9 @@ def test_bad_input_is_refused_before_a_run_exists(tiny_world, tmp_path):
 @needs_shared
 def test_an_audit_rm_on_hh_rlhf_with_tiny_hf_models(tmp_path):
     """The HH-RLHF path with an audit RM from a local folder; one with two labels, or another vocabulary, is refused."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-    with gzip.open(HH, "rt") as f:
-        texts = [json.loads(line)["chosen"] for _, line in zip(range(200), f)]
-    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>", "<unk>"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok = hh_tokenizer(200, 400)
     torch.manual_seed(0)
 
     def save(name: str, cls, vocab: int = len(tok), labels: int = 1) -> str:
