@@ -33,7 +33,7 @@ from optuna.trial import TrialState
 from harness import design, keys, prog, schema, tracking
 from harness.schema import ConfigError
 from harness.study import (
-    Progress, Study, StudyBusy, add_executor_args, cluster_params,
+    Progress, Study, StudyBusy, add_executor_args, cluster_params, executor_problems,
 )
 from harness.sweepfile import (
     Dimension, StudyObjective, SweepFile, SweepSpec, fmt_value, load_sweep, make_pruner, make_sampler,
@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag, v in (("--workers", args.workers), ("--threads", args.threads), ("--trials", args.trials)):
             if v is not None and v < (0 if flag == "--workers" else 1):
                 raise ConfigError([f"{flag}: got {v}; allowed: an integer >= {0 if flag == '--workers' else 1}"])
+        if problems := executor_problems(args):
+            raise ConfigError(problems)
         trials = [] if args.trials is None else [f"sweep.trials={args.trials}"]
         spec = load_sweep(args.file, args.overrides + trials, args.tracking_uri)
         if args.dry_run:
