@@ -45,6 +45,7 @@ import filelock
 from . import keys as K
 from . import tracking
 from .launch import EXECUTORS, LAUNCHERS, launch_train
+from .lease import SETTLE_S, Lease, LeaseHeld
 from .launch import executor as make_executor
 
 TAG_STUDY_HASH = "harness.study_hash"
@@ -491,6 +492,14 @@ class Study:
                 raise StudyBusy(f"another `{self.what}` is running {self.noun} {self.experiment!r} on store "
                                 f"{tracking.redact(self.uri)} (lock {self.lock_path}); wait for it to finish, or stop "
                                 "it, then rerun") from None
+            if tracking.sqlite_path(self.uri) is None:  # a server store: the lock above is this machine's only
+                try:
+                    self._stack.enter_context(Lease(self.uri, self.experiment, self.hash, Runner.this()))
+                except LeaseHeld as e:
+                    self._stack.close()
+                    raise StudyBusy(f"another `{self.what}` is running {self.noun} {self.experiment!r} on store "
+                                    f"{tracking.redact(self.uri)}: {e}; wait for it to finish, or stop it, "
+                                    "then rerun") from None
             self.alone = True
             self.recovered = self.recover(self) if self.recover else None
             self._terminate_as_interrupt()
@@ -562,6 +571,14 @@ class Study:
                 return None
             pid = tracking.start_run(self.uri, self.experiment, run_name, tags={
                 K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash, K.TAG_COMMIT: tracking.git_commit(), **tags})
+        if tracking.sqlite_path(self.uri) is None:  # the lock above is this machine's: settle with the others
+            time.sleep(SETTLE_S)
+            same = tracking.find_runs(self.uri, self.experiment, {K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash})
+            first = min((r.info.run_id for r in same), default=pid)  # what every runner that created one picks
+            if first != pid:  # another machine created it at the same moment: ours goes
+                tracking.client(self.uri).delete_run(pid)
+                self.parent_run_id = first
+                return first
         if note:  # the experiment's description in the MLflow UI
             c = tracking.client(self.uri)
             c.set_experiment_tag(c.get_run(pid).info.experiment_id, "mlflow.note.content", note)
