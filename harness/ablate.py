@@ -316,7 +316,7 @@ def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
 def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
     """Preflight, then the grid with the options of add_grid_args, its summary printed; or the exit
     code when it cannot run (2: not runnable on this machine, 3: another runner holds the grid)."""
-    problems = executor_problems(args) + preflight(reg)
+    problems = executor_problems(args) + preflight(reg, args.nproc)
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2
@@ -402,8 +402,9 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print("all configs valid (dry run: nothing trained)")
 
 
-def preflight(reg: Registry) -> list[str]:
-    """What would fail runs after they start (hardware, world, data, models), found before any run exists."""
+def preflight(reg: Registry, nproc: int | None = None) -> list[str]:
+    """What would fail runs after they start (hardware, world, data, models, a batch that does not split over
+    `nproc` ranks), found before any run exists."""
     if reg.kind != "train":
         return []
     from .models import preflight as check_inputs
@@ -414,7 +415,10 @@ def preflight(reg: Registry) -> list[str]:
     built_by_runner = {str(d) for _, d in reg.worlds.values()}  # a grid over worlds builds its own
     for r in reg.runs:  # the hardware rules read every section; the inputs only model and data
         d = to_dict(r.cfg)
-        for check, key in ((check_hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
+        def hardware(cfg: Any) -> list[str]:  # at --nproc ranks, when given (else as launched: 1)
+            return check_hardware(cfg, world_size=nproc)
+
+        for check, key in ((hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
                            (check_inputs, [d["model"], d["data"], d["generation"]])):
             if (k := (check.__name__, json.dumps(key, sort_keys=True, default=str))) not in seen:
                 seen.add(k)
@@ -441,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         return reg
     if args.dry_run:
         print_dry_run(reg, default_tracking_uri(reg, args.tracking_uri), Path(args.runs_dir))
-        problems = executor_problems(args) + preflight(reg)
+        problems = executor_problems(args) + preflight(reg, args.nproc)
         if problems:
             print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems), file=sys.stderr)
             return 2

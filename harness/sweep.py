@@ -71,6 +71,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     storage_url = storage_url or default_storage_url(uri)
     for line in spec.warnings:
         print(f"[sweep {spec.name}] warning: {line}", flush=True)
+    tracking.client(uri)  # the store answers (StoreError), before a study is made in the storage
     if spec.worlds:  # built once each (cached by config hash), as a grid over worlds does
         build_worlds(spec.worlds, uri, max(1, workers))
     study, storage = open_study(spec, storage_url, heartbeat_s)
@@ -216,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                            cluster=cluster_params(args, f"sweep-{spec.name}"), runs_dir=args.runs_dir,
                            heartbeat_s=args.heartbeat)
     except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except tracking.StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except StudyBusy as e:
