@@ -118,6 +118,10 @@ class TrialSource:
         self.others = 0
         """Trials other live runners hold (at the last look): this runner waits for them, to make up any that dies."""
         self.looked, self.want = 0.0, True
+        self.deferred = 0
+        """Trials interrupted here (their worker died, their runs KILLED): made up by the next invocation, not
+        this one (a run that kills its worker, out of memory, would otherwise be retried for ever). A dead
+        runner's trials are made up at once."""
 
     # -- asking
     def _wanted(self) -> bool:
@@ -125,7 +129,7 @@ class TrialSource:
         interrupted ones do not: their made-up copies, queued, are asked first)."""
         c = trial_counts(self.study)
         self.others = c["running"] - len(self.open)
-        self.want = c["counted"] + c["running"] < self.spec.trials
+        self.want = c["counted"] + c["running"] + self.deferred < self.spec.trials
         return self.want
 
     def take(self, free: int) -> list[Task]:
@@ -259,6 +263,7 @@ class TrialSource:
         if died or (not failed and any(o.status == "KILLED" for o in ot.outcomes.values())):
             # interrupted: it does not count, and is made up with the same values
             self.worker_died += [o.why for o in died]
+            self.deferred += 1
             self._finish(ot, TrialState.FAIL, "interrupted", "interrupted: " + (died[0].why if died else "runs KILLED"),
                          run_status="KILLED")
             self.study.enqueue_trial(ot.params, user_attrs={"retry_of": trial.number})
@@ -358,7 +363,11 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self.stopped.wait(self.interval_s):
             for trial_id in list(self.trials.values()):
-                self.storage.record_heartbeat(trial_id)
+                try:
+                    self.storage.record_heartbeat(trial_id)
+                except Exception as e:  # noqa: BLE001 - a database hiccup must not end the beat (the trial would go stale)
+                    print(f"warning: heartbeat of trial id {trial_id} not recorded ({tracking.redact(str(e))[:200]}); "
+                          "retrying", flush=True)
 
     def stop(self) -> None:
         self.stopped.set()
