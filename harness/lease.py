@@ -53,6 +53,8 @@ class Lease:
             c.set_experiment_tag(self.exp_id, self.tag, json.dumps(holder))
 
     def _dead(self, holder: dict[str, Any]) -> bool:
+        if not {"pid", "started", "host", "beat"} <= holder.keys():  # not a lease this code wrote: void
+            return True
         owner = type(self.runner)(holder["pid"], holder["started"], holder["host"])  # a study.Runner
         return time.time() - holder["beat"] > STALE_AFTER * holder.get("every", BEAT_S) or not owner.alive()
 

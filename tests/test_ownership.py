@@ -1,7 +1,8 @@
 """Which runner owns a sweep's running trial is decided in the study's database (harness.trials), on a real
 sqlite Optuna storage and MLflow store in tmp_path and fake training tasks (tests/fakes.py): a trial of a runner
 on another machine, whose heartbeat beats, is never failed by a runner here; once its heartbeat stops, it is
-made up exactly once. (Real servers, two runners and kill -9: tests/test_servers.py.)"""
+made up exactly once. A grid's lease in the store (harness.lease): refused while its holder beats, taken over
+once it is stale or its process gone. (Real servers, two runners and kill -9: tests/test_servers.py.)"""
 from __future__ import annotations
 
 import threading
@@ -63,3 +64,32 @@ def test_a_live_trial_of_another_machine_is_left_alone_and_made_up_once_its_hear
     assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
     out = log.read_text()
     assert f"trial {foreign.number} " in out and "no heartbeat from its runner; made up with the same values" in out
+
+
+def test_a_grid_lease_is_refused_while_its_holder_beats_and_taken_over_once_it_is_dead(tmp_path):
+    """harness.lease on a real MLflow store (sqlite here; a grid takes it on a server store, tests/test_servers.py)."""
+    import json
+    import time
+
+    from harness import tracking
+    from harness.lease import PREFIX, STALE_AFTER, Lease, LeaseHeld
+    from harness.study import Runner
+
+    uri = store_uri(tmp_path)
+    me = Runner.this()
+    exp = tracking.ensure_experiment(uri, "leased")
+
+    def holder(**over) -> None:
+        beat = {"pid": 1, "started": 0.0, "host": "another-machine", "beat": time.time(), "every": 10.0} | over
+        tracking.client(uri).set_experiment_tag(exp, PREFIX + "g", json.dumps(beat))
+
+    holder()  # alive on another machine: refused, named
+    with pytest.raises(LeaseHeld, match="runner pid 1 on another-machine"):
+        Lease(uri, "leased", "g", me).__enter__()
+    holder(beat=time.time() - STALE_AFTER * 10.0 - 1)  # its heartbeat stopped a while ago: taken over
+    with Lease(uri, "leased", "g", me):
+        assert json.loads(tracking.client(uri).get_experiment(exp).tags[PREFIX + "g"])["pid"] == me.pid
+    assert PREFIX + "g" not in tracking.client(uri).get_experiment(exp).tags  # let go at the end
+    holder(host=me.host, pid=2 ** 22 + 7, started=1.0)  # on this machine, its process gone: taken over at once
+    with Lease(uri, "leased", "g", me):
+        pass
