@@ -316,7 +316,7 @@ def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
 def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
     """Preflight, then the grid with the options of add_grid_args, its summary printed; or the exit
     code when it cannot run (2: not runnable on this machine, 3: another runner holds the grid)."""
-    problems = executor_problems(args) + preflight(reg, args.nproc)
+    problems = executor_problems(args) or preflight(reg, args.nproc)
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         return reg
     if args.dry_run:
         print_dry_run(reg, default_tracking_uri(reg, args.tracking_uri), Path(args.runs_dir))
-        problems = executor_problems(args) + preflight(reg, args.nproc)
+        problems = executor_problems(args) or preflight(reg, args.nproc)
         if problems:
             print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems), file=sys.stderr)
             return 2
