@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml requirements.lock
 lock:
 	rm -rf .venv-lock && $(PY) -m venv .venv-lock
 	.venv-lock/bin/python -m pip install -q $(TORCH)
-	.venv-lock/bin/python -m pip install -q -e '.[test]'
+	.venv-lock/bin/python -m pip install -q -e '.[test,postgres]'
 	(echo "# Exact versions of every dependency (make installs these; regenerate with: make lock)"; \
 	 .venv-lock/bin/python -m pip freeze --exclude-editable) > requirements.lock
 	rm -rf .venv-lock

@@ -24,7 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, LogFormatter, MaxNLocator
 
-from analysis.store import STORE_OPTIONS, AblationData, load_ablation
+from analysis.store import STORE_OPTIONS, AblationData, load_ablation, smoothing
 from harness import keys as K
 from harness import tracking
 from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     ap = argparse.ArgumentParser(prog="python -m analysis.figures", parents=[STORE_OPTIONS], description=__doc__)
     ap.add_argument("ablation", help="registry name (e.g. score_reparam) or path to an ablations/*.yaml file")
-    ap.add_argument("--smooth", type=int, default=1, metavar="K",
+    ap.add_argument("--smooth", type=smoothing, default=1, metavar="K",
                     help="rolling mean over K logged steps per run (default 1 = raw)")
     ap.add_argument("--out", default="results", help="output root; files go to OUT/<ablation>/ (default results/)")
     ap.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")

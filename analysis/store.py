@@ -41,6 +41,19 @@ RUN_COLUMNS = ["run_id", "variant", "seed", "status", "collapsed", "collapse_ste
 METRIC_COLUMNS = ["run_id", "variant", "seed", "metric", "step", "value"]
 SAMPLE_COLUMNS = ["variant", "seed", "run_id", "step", "collapsed", "prompt", "response", "rm_score", "gold_score",
                   "length"]
+def smoothing(text: str) -> int:
+    """argparse type of --smooth (analysis.figures, reports.build): a rolling mean over K >= 1 logged steps
+    (0 or less would draw nothing, silently)."""
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 1 (1 = raw, K = a rolling mean over K "
+                                         "logged steps)")
+    return k
+
+
 STORE_OPTIONS = argparse.ArgumentParser(add_help=False)
 """The options of every CLI that reads ablations (argparse `parents=[STORE_OPTIONS]`)."""
 STORE_OPTIONS.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")

@@ -29,7 +29,8 @@ from .registry import (
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .study import (
-    Outcome, Progress, Study, StudyBusy, Task, Tasks, add_executor_args, cluster_params, fmt_duration, plan,
+    Outcome, Progress, Study, StudyBusy, Task, Tasks, add_executor_args, cluster_params, executor_problems, fmt_duration,
+    plan,
 )
 from .tracking import redact
 from .worlds import ensure_worlds
@@ -60,6 +61,9 @@ def estimate_cpu_minutes(reg: Registry) -> float:
         eval_s = evals * EVAL_COST_S_PER_32_PROMPTS * (c.data.eval_prompts / 32) * cap
         total += per_step * steps + eval_s + RUN_OVERHEAD_S
     return total / 60
+
+
+NOT_STARTED = "not started: the runner was interrupted"
 
 
 def fmt_changes(d: dict[str, Any]) -> str:
@@ -197,7 +201,9 @@ def run_ablation(
         else:
             prog.close()
 
-        ordered = [outcomes[r.run_name] for r in reg.runs]
+        # an interrupt leaves the runs still queued without an outcome: not started, as a rerun will see them
+        ordered = [outcomes.get(r.run_name) or Outcome(r.run_name, r.label, "KILLED", error=NOT_STARTED,
+                                                       note=NOT_STARTED) for r in reg.runs]
         result = AblationResult(reg, ordered, parent_id, uri, time.time() - t0, interrupted)
         out = runs_dir / reg.name
         try:  # summary_runs.csv (per run) and summary.csv (per variant), also on the parent run
@@ -262,9 +268,13 @@ def print_summary(result: AblationResult) -> None:
         for o in result.failed:
             run = f"  (run {o.run_id})" if o.run_id else ""
             print(f"  - {o.label}: {o.status}: {o.why}{run}")
+    if result.interrupted:
+        stopped = sum(o.status == "KILLED" and o.note != NOT_STARTED for o in result.outcomes)
+        queued = sum(o.note == NOT_STARTED for o in result.outcomes)
+        print(f"\ninterrupted: {len(result.outcomes) - len(result.failed)} of {len(result.outcomes)} runs finished, "
+              f"{stopped} stopped (KILLED, resumable), {queued} not started; rerun the same command to resume.")
+    elif result.failed:
         print("Rerun the same command to retry them; finished runs are skipped.")
-    elif result.interrupted:
-        print("\ninterrupted; rerun the same command to resume.")
     else:
         print(f"\nall {len(result.outcomes)} runs finished.")
 
@@ -306,7 +316,7 @@ def load_grid(args: argparse.Namespace, name: str) -> Registry | int:
 def run_grid(reg: Registry, args: argparse.Namespace) -> AblationResult | int:
     """Preflight, then the grid with the options of add_grid_args, its summary printed; or the exit
     code when it cannot run (2: not runnable on this machine, 3: another runner holds the grid)."""
-    problems = preflight(reg)
+    problems = executor_problems(args) or preflight(reg, args.nproc)
     if problems:
         print("error: " + "\n".join(problems), file=sys.stderr)
         return 2
@@ -392,8 +402,9 @@ def print_dry_run(reg: Registry, tracking_uri: str, runs_dir: Path) -> None:
     print("all configs valid (dry run: nothing trained)")
 
 
-def preflight(reg: Registry) -> list[str]:
-    """What would fail runs after they start (hardware, world, data, models), found before any run exists."""
+def preflight(reg: Registry, nproc: int | None = None) -> list[str]:
+    """What would fail runs after they start (hardware, world, data, models, a batch that does not split over
+    `nproc` ranks), found before any run exists."""
     if reg.kind != "train":
         return []
     from .models import preflight as check_inputs
@@ -404,7 +415,10 @@ def preflight(reg: Registry) -> list[str]:
     built_by_runner = {str(d) for _, d in reg.worlds.values()}  # a grid over worlds builds its own
     for r in reg.runs:  # the hardware rules read every section; the inputs only model and data
         d = to_dict(r.cfg)
-        for check, key in ((check_hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
+        def hardware(cfg: Any) -> list[str]:  # at --nproc ranks, when given (else as launched: 1)
+            return check_hardware(cfg, world_size=nproc)
+
+        for check, key in ((hardware, {k: v for k, v in d.items() if k not in ("seed", "logging")}),
                            (check_inputs, [d["model"], d["data"], d["generation"]])):
             if (k := (check.__name__, json.dumps(key, sort_keys=True, default=str))) not in seen:
                 seen.add(k)
@@ -431,12 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         return reg
     if args.dry_run:
         print_dry_run(reg, default_tracking_uri(reg, args.tracking_uri), Path(args.runs_dir))
-        problems = preflight(reg)
+        problems = executor_problems(args) or preflight(reg, args.nproc)
         if problems:
             print("not runnable on this machine yet:\n  - " + "\n  - ".join(problems), file=sys.stderr)
             return 2
         return 0
-    result = run_grid(reg, args)
+    try:
+        result = run_grid(reg, args)
+    except KeyboardInterrupt:  # before or after the runs (the runs' own interrupt is the result's)
+        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
     return result if isinstance(result, int) else result.exit_code
 
 if __name__ == "__main__":

@@ -362,6 +362,11 @@ def cross_checks(cfg: TrainConfig) -> list[str]:
     if c.on_warning != "none" and (not c.enabled or c.detector == "off"):
         p.append(f"collapse.on_warning: got {c.on_warning!r} with collapse.enabled={c.enabled} and collapse.detector="
                  f"{c.detector!r}; allowed: none (an action needs the warning detector on)")
+    for name in ("baseline_steps", "confirm"):  # one the user set (the defaults stay for runs shorter than them)
+        value = getattr(c, name)
+        if c.enabled and value > ppo.steps and value != getattr(CollapseConfig(), name):
+            p.append(f"collapse.{name}: got {value} with ppo.steps={ppo.steps}; allowed: at most ppo.steps (a "
+                     "run this short never reaches it, so no collapse could be judged)")
     G, est = cfg.generation.samples_per_prompt, ppo.adv_estimator
     if est in NEEDS_GROUPS and G < 2:
         p.append(f"generation.samples_per_prompt: got {G} with ppo.adv_estimator={est}; allowed: 2 or more "

@@ -45,6 +45,7 @@ import filelock
 from . import keys as K
 from . import tracking
 from .launch import EXECUTORS, LAUNCHERS, launch_train
+from .lease import SETTLE_S, Lease, LeaseHeld
 from .launch import executor as make_executor
 
 TAG_STUDY_HASH = "harness.study_hash"
@@ -425,6 +426,23 @@ def add_executor_args(ap: Any, threads_default: int = 1) -> None:
     ex.add_argument("--slurm-cpus", type=int, metavar="N", help=f"CPUs per job (default: --threads, else {threads_default})")
 
 
+def executor_problems(args: Any) -> list[str]:
+    """What add_executor_args' options ask for that cannot run here, found before a runner creates anything
+    (study, parent run): ranks below 1, negative Slurm options, `--executor slurm` where Slurm's commands are
+    missing (submitit would find out only at the first submission, with a parent run already RUNNING)."""
+    problems = []
+    if args.nproc is not None and args.nproc < 1:
+        problems.append(f"--nproc: got {args.nproc}; allowed: an integer >= 1 (ranks per run), or leave it out")
+    for flag, value, low in (("--slurm-time-min", args.slurm_time_min, 1), ("--slurm-gpus", args.slurm_gpus, 0),
+                             ("--slurm-cpus", args.slurm_cpus, 1)):
+        if value is not None and value < low:
+            problems.append(f"{flag}: got {value}; allowed: an integer >= {low}")
+    if args.executor == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
+        problems.append("--executor: got 'slurm' but Slurm's sbatch/srun are not on this machine's PATH; allowed: "
+                        "slurm on a Slurm login node, local, or submitit-local (the same job path without Slurm)")
+    return problems
+
+
 def cluster_params(args: Any, name: str, threads_default: int = 1) -> dict[str, Any]:
     """submitit's parameters from the options of add_executor_args (used by --executor slurm / submitit-local)."""
     return {"timeout_min": args.slurm_time_min, "gpus_per_node": args.slurm_gpus,
@@ -474,6 +492,14 @@ class Study:
                 raise StudyBusy(f"another `{self.what}` is running {self.noun} {self.experiment!r} on store "
                                 f"{tracking.redact(self.uri)} (lock {self.lock_path}); wait for it to finish, or stop "
                                 "it, then rerun") from None
+            if tracking.sqlite_path(self.uri) is None:  # a server store: the lock above is this machine's only
+                try:
+                    self._stack.enter_context(Lease(self.uri, self.experiment, self.hash, Runner.this()))
+                except LeaseHeld as e:
+                    self._stack.close()
+                    raise StudyBusy(f"another `{self.what}` is running {self.noun} {self.experiment!r} on store "
+                                    f"{tracking.redact(self.uri)}: {e}; wait for it to finish, or stop it, "
+                                    "then rerun") from None
             self.alone = True
             self.recovered = self.recover(self) if self.recover else None
             self._terminate_as_interrupt()
@@ -531,17 +557,28 @@ class Study:
 
     def parent(self, *, create: bool, run_name: str, tags: dict[str, str], params: dict[str, Any] | None = None,
                note: str | None = None) -> str | None:
-        """The study's parent run, reopened by its identity; else a new one when `create`."""
+        """The study's parent run, found by its identity; else a new one when `create`. `create` says there
+        is work to do: only then is a found parent reopened (RUNNING until `finish`), so a rerun with nothing
+        to run leaves it as it ended."""
         with self.creation_lock():
             same = tracking.find_runs(self.uri, self.experiment, {K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash})
             if same:
                 self.parent_run_id = same[-1].info.run_id
-                tracking.reopen_run(self.uri, self.parent_run_id)
+                if create:
+                    tracking.reopen_run(self.uri, self.parent_run_id)
                 return self.parent_run_id
             if not create:
                 return None
             pid = tracking.start_run(self.uri, self.experiment, run_name, tags={
                 K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash, K.TAG_COMMIT: tracking.git_commit(), **tags})
+        if tracking.sqlite_path(self.uri) is None:  # the lock above is this machine's: settle with the others
+            time.sleep(SETTLE_S)
+            same = tracking.find_runs(self.uri, self.experiment, {K.TAG_ROLE: "parent", TAG_STUDY_HASH: self.hash})
+            first = min((r.info.run_id for r in same), default=pid)  # what every runner that created one picks
+            if first != pid:  # another machine created it at the same moment: ours goes
+                tracking.client(self.uri).delete_run(pid)
+                self.parent_run_id = first
+                return first
         if note:  # the experiment's description in the MLflow UI
             c = tracking.client(self.uri)
             c.set_experiment_tag(c.get_run(pid).info.experiment_id, "mlflow.note.content", note)

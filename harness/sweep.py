@@ -17,7 +17,6 @@ analysis.tricks reads it).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -27,69 +26,43 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import sqlalchemy
 from optuna.trial import TrialState
 
 from harness import design, keys, prog, schema, tracking
 from harness.schema import ConfigError
 from harness.study import (
-    Progress, Study, StudyBusy, add_executor_args, cluster_params,
+    Progress, Study, StudyBusy, add_executor_args, cluster_params, executor_problems,
 )
 from harness.sweepfile import (
     Dimension, StudyObjective, SweepFile, SweepSpec, fmt_value, load_sweep, make_pruner, make_sampler,
 )
-from harness.sweepstore import ATTR_PARENT_RUNS, ATTR_SWEEP, default_storage_url
-from harness.trials import TrialSource, trial_counts
+from harness.sweepstore import (
+    ATTR_PARENT_RUNS, ATTR_SWEEP, HEARTBEAT_S, database_identity, default_storage_url, make_storage,
+)
+from harness.trials import Heartbeat, TrialSource, made_up, make_up, trial_counts
 from harness.worlds import build_worlds
 
 
-def make_storage(url: str) -> Any:
-    """RDBStorage. On sqlite every transaction starts with BEGIN IMMEDIATE: pysqlite otherwise begins
-    only at the first write, so two runners could both read a queued trial as WAITING and both run it."""
-    engine_kwargs = ({"connect_args": {"timeout": 600, "isolation_level": None}}
-                     if url.startswith("sqlite") else {"pool_pre_ping": True})
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    if url.startswith("sqlite"):
-        sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
-    return storage
-
-
-def open_study(spec: SweepSpec, storage_url: str) -> Any:
-    """Create the study (named after the sweep) or load it to continue."""
+def open_study(spec: SweepSpec, storage_url: str, heartbeat_s: int = HEARTBEAT_S) -> tuple[Any, Any]:
+    """Create the study (named after the sweep) or load it to continue; (study, storage). The storage keeps
+    a heartbeat per running trial (harness.trials: a stale one is made up by the next runner to look)."""
+    storage = make_storage(storage_url, heartbeat_s=heartbeat_s, on_stale=lambda study, trial: make_up(spec, study, trial))
     quiet = warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning)
     with tracking.sqlite_lock(storage_url), quiet:  # multivariate TPE is experimental in Optuna
-        study = optuna.create_study(storage=make_storage(storage_url), study_name=spec.name, direction=spec.direction,
+        study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.direction,
                                     sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True)
     stored = study.direction.name.lower()
     if stored != spec.direction:
         raise ConfigError([f"{spec.path}: direction: got {spec.direction!r} but study {spec.name!r} in "
                            f"{tracking.redact(storage_url)} was created with {stored!r}; allowed: {stored!r} "
                            "(or a new sweep name)"])
-    return study
-
-
-def fail_orphans(st: Study, study: Any) -> list[int]:
-    """With no other runner of the study alive (st.alone: Study calls this on entry, before any other
-    runner can start), every RUNNING trial's runner is dead: tell them failed (interrupted: made up
-    with the same values), end their MLflow runs KILLED."""
-    if not st.alone:
-        return []
-    lost = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
-            study.tell(t.number, state=TrialState.FAIL)
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
-            lost.append(t.number)
-    for r in tracking.find_runs(st.uri, st.experiment, {keys.TAG_SWEEP: st.experiment}):
-        if r.data.tags.get(keys.TAG_TRIAL) in {str(n) for n in lost}:
-            tracking.set_tags(st.uri, r.info.run_id, {keys.TAG_TRIAL_STATE: "FAIL", keys.TAG_TRIAL_OUTCOME: "interrupted"})
-    st.mark_dead({keys.TAG_SWEEP: st.experiment})
-    return lost
+    return study, storage
 
 
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = None, threads: int | None = None,
               executor: str = "local", nproc: int | None = None, launcher: str = "torchrun",
-              cluster: dict[str, Any] | None = None, runs_dir: str | Path = "runs") -> dict[str, Any]:
+              cluster: dict[str, Any] | None = None, runs_dir: str | Path = "runs",
+              heartbeat_s: int = HEARTBEAT_S) -> dict[str, Any]:
     """Run the study up to spec.trials total trials on the study layer; returns counts, best trial,
     parent run, the errors of workers that died. Torch threads per trial: `threads`, else the config's
     `threads`, else the CPUs split between workers."""
@@ -98,13 +71,14 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     storage_url = storage_url or default_storage_url(uri)
     for line in spec.warnings:
         print(f"[sweep {spec.name}] warning: {line}", flush=True)
+    tracking.client(uri)  # the store answers (StoreError), before a study is made in the storage
     if spec.worlds:  # built once each (cached by config hash), as a grid over worlds does
         build_worlds(spec.worlds, uri, max(1, workers))
-    study = open_study(spec, storage_url)
+    study, storage = open_study(spec, storage_url, heartbeat_s)
     status, interrupted = "FINISHED", False
-    with Study(uri, spec.name, ("sweep", spec.name, tracking.redact(storage_url)), runs_dir=runs_dir,
-               exclusive=False, what="python -m harness.sweep", noun="sweep",
-               recover=lambda st: fail_orphans(st, study)) as st:
+    # one study, however its URL is spelled (password in it or in PGPASSWORD): the database's own identity
+    with Study(uri, spec.name, ("sweep", spec.name, database_identity(storage)), runs_dir=runs_dir,
+               exclusive=False, what="python -m harness.sweep", noun="sweep") as st:
         with st.creation_lock():  # one parent run and one set of first trials when two sweeps start at once
             stored = study.user_attrs.get(ATTR_SWEEP)
             if stored is None and not study.get_trials(deepcopy=False):
@@ -126,9 +100,8 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
             if runs.get(tracking.redact(uri)) != parent_run_id:
                 tracking.log_text_artifact(uri, parent_run_id, spec.path.read_text(), "sweep.yaml")
                 study.set_user_attr(ATTR_PARENT_RUNS, {**runs, tracking.redact(uri): parent_run_id})
-        lost = st.recovered or []
+        lost = made_up(spec, study, storage)  # dead runners' trials (harness.trials): made up here
         counts = trial_counts(study)
-        target = spec.trials + counts["interrupted"]  # interrupted trials are made up
         remaining = max(0, spec.trials - counts["counted"] - counts["running"])  # queued ones are run here
         n_workers = max(0, min(workers, remaining * len(spec.units))) if workers else 0
         print(f"[sweep {spec.name}] study in {tracking.redact(storage_url)}: {counts['counted']} finished, "
@@ -138,7 +111,8 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
               " worker(s)", flush=True)
         cpus = max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None
         threads = threads or spec.base_config.get("threads") or cpus
-        source = TrialSource(spec, study, target, threads, nproc, launcher, parent_run_id)
+        heartbeat = Heartbeat(storage, spec.name, heartbeat_s)
+        source = TrialSource(spec, study, storage, threads, nproc, launcher, parent_run_id, heartbeat)
         progress = Progress(spec.name, source.total, 0, bars=False)
         try:
             outcomes, interrupted = st.execute(source, executor=executor, workers=n_workers if remaining else 0,
@@ -147,6 +121,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
             if source.open:  # Ctrl-C, or a runner-side error: made up next time
                 source.interrupt()
                 interrupted = True
+            heartbeat.stop()
         tags: dict[str, str] = {}
         if interrupted:
             status = "KILLED"
@@ -213,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="train-config override for every trial (ppo.steps=50), or sweep.<field>=v for the sweep "
                    "file (sweep.seeds=2, sweep.pruner.name=none); repeatable")
+    p.add_argument("--heartbeat", type=int, default=HEARTBEAT_S, metavar="S", help="seconds between a runner's "
+                   f"heartbeats for its trials, in the study's database (default {HEARTBEAT_S}); a trial without one "
+                   "for 4x as long is dead, made up by the next runner to look, on any machine")
     p.add_argument("--dry-run", action="store_true", help="validate the sweep file and print the search space; "
                    "nothing is created")
     add_executor_args(p)
@@ -223,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     tracking.redact_output()  # MLflow prints the store's URI, with its password: masked
     args = build_parser().parse_args(argv)
     try:
-        for flag, v in (("--workers", args.workers), ("--threads", args.threads), ("--trials", args.trials)):
+        for flag, v in (("--workers", args.workers), ("--threads", args.threads), ("--trials", args.trials),
+                        ("--heartbeat", args.heartbeat)):
             if v is not None and v < (0 if flag == "--workers" else 1):
                 raise ConfigError([f"{flag}: got {v}; allowed: an integer >= {0 if flag == '--workers' else 1}"])
+        if problems := executor_problems(args):
+            raise ConfigError(problems)
         trials = [] if args.trials is None else [f"sweep.trials={args.trials}"]
         spec = load_sweep(args.file, args.overrides + trials, args.tracking_uri)
         if args.dry_run:
@@ -233,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = run_sweep(spec, workers=args.workers, storage_url=args.storage, threads=args.threads,
                            executor=args.executor, nproc=args.nproc, launcher=args.launcher,
-                           cluster=cluster_params(args, f"sweep-{spec.name}"), runs_dir=args.runs_dir)
+                           cluster=cluster_params(args, f"sweep-{spec.name}"), runs_dir=args.runs_dir,
+                           heartbeat_s=args.heartbeat)
     except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except tracking.StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except StudyBusy as e:

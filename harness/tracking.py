@@ -179,6 +179,10 @@ def store_error(tracking_uri: str, e: Exception) -> StoreError:
     what to do about it."""
     if isinstance(e, ModuleNotFoundError) and e.name:
         hint = f"MLflow needs the database driver `{e.name}` for this URI: pip install {e.name}"
+    elif tracking_uri.startswith(("http://", "https://")):
+        budget = ", ".join(f"{k}={os.environ.get(k, v)}" for k, v in FIRST_CONTACT.items())
+        hint = (f"check the URI (--tracking-uri, else $MLFLOW_TRACKING_URI) and that its server is up; first contact "
+                f"tried with {budget} (set these variables for a longer budget)")
     else:
         hint = "check the URI (--tracking-uri, else $MLFLOW_TRACKING_URI) and that its server or folder is there"
     return StoreError(redact(f"the MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {e}); {hint}"))
@@ -195,6 +199,27 @@ def sqlite_lock(uri: str) -> Any:
     return FileLock(f"{db}.lock", is_singleton=True)
 
 
+FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+"""MLflow's retry budget for the first request to a tracking server, where the user set none (MLflow's own
+variables, read at each request): a server that is not there fails in seconds, not after MLflow's ~4 minutes
+of retries. Every later request has MLflow's budget (or the user's), so a run rides out a server's hiccup."""
+
+
+@contextlib.contextmanager
+def first_contact_budget(tracking_uri: str):
+    """FIRST_CONTACT's variables set inside the block, for an http(s) store, where the environment sets none."""
+    unset = {k: v for k, v in FIRST_CONTACT.items() if k not in os.environ}
+    if not tracking_uri.startswith(("http://", "https://")):
+        unset = {}
+    os.environ.update(unset)
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
+
+
 def client(tracking_uri: str) -> MlflowClient:
     """A client of the store, checked by one request the first time a process opens it (a failure is
     a `StoreError`). A sqlite store is created/migrated under a file lock, once per process: two
@@ -204,7 +229,7 @@ def client(tracking_uri: str) -> MlflowClient:
     if tracking_uri not in _READY:
         db = sqlite_path(tracking_uri)
         try:
-            with sqlite_lock(tracking_uri):
+            with sqlite_lock(tracking_uri), first_contact_budget(tracking_uri):
                 MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
                 if db is not None:
                     # a write-ahead log: a commit appends to one file and syncs it once (the rollback

@@ -1,13 +1,22 @@
 """A sweep's trials as the study layer's tasks (harness.sweep runs them): `TrialSource` asks each trial
 from Optuna (ask/tell on the shared storage), makes one task per seed x world, finds a configuration's run
 in the store (harness.study.plan), reports to the pruner while the runs train, scores the finished runs
-(`score_run`, `run_objectives`) and tells the trial."""
+(`score_run`, `run_objectives`) and tells the trial.
+
+Which runner owns a running trial is decided in the study's database, which every machine sees, never by a
+file only one machine sees: the runner records itself on the trial (ATTR_RUNNER) and keeps a heartbeat on it
+(Optuna's RDBStorage heartbeat, `Heartbeat`). A trial is dead when its heartbeat is stale (Optuna's
+`fail_stale_trials`, on any machine) or, seen from its runner's own machine, when that runner process is gone
+(at once, no grace period to wait). Failing it is one row update under the database's lock, so exactly one
+runner wins, and that one makes it up (`make_up`: enqueued again with the same values); a live trial of
+another machine is never touched."""
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
+import threading
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from statistics import fmean
@@ -18,13 +27,16 @@ from optuna.trial import TrialState
 
 from harness import config, design, keys, tracking
 from harness.config import config_hash, merge
-from harness.study import REUSED, Outcome, Task, plan
+from harness.study import REUSED, Outcome, Runner, Task, plan
 from harness.summary import by_step, reduce_run
 from harness.sweepfile import Objective, StudyObjective, SweepSpec, build_config, fmt_value, trial_config
-from harness.sweepstore import ATTR_OUTCOME
+from harness.sweepstore import ATTR_OUTCOME, fail_stale
 
 
-COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # by MaxTrialsCallback
+ATTR_RUNNER = "runner"
+"""Trial user attr: the runner that asked it ({host, pid, started}: a pid with its start time is one process)."""
+LOOK_S = 1.0
+"""While a runner waits on other runners' trials (its own all done): seconds between its looks at the study."""
 
 def trial_counts(study: Any) -> dict[str, int]:
     """Trials that count toward the total (an outcome), were interrupted, are running or queued."""
@@ -91,28 +103,49 @@ class TrialSource:
     design that draws a configuration twice), one left KILLED (a runner or worker that died) resumes from
     its last checkpoint, one that FAILED starts over."""
 
-    def __init__(self, spec: SweepSpec, study: Any, target: int, threads: int | None, nproc: int | None,
-                 launcher: str, parent_run_id: str):
-        self.spec, self.study, self.target, self.threads = spec, study, target, threads
+    def __init__(self, spec: SweepSpec, study: Any, storage: Any, threads: int | None, nproc: int | None,
+                 launcher: str, parent_run_id: str, heartbeat: "Heartbeat | None" = None):
+        self.spec, self.study, self.storage, self.threads = spec, study, storage, threads
         self.nproc, self.launcher, self.parent_run_id = nproc, launcher, parent_run_id
         self.open: dict[int, OpenTrial] = {}
         self.unit_of: dict[str, tuple[int, Unit]] = {}
         """Task key -> (trial number, unit)."""
         counts = trial_counts(study)
-        self.total = len(spec.units) * max(0, target - counts["counted"] - counts["running"])
+        self.total = len(spec.units) * max(0, spec.trials - counts["counted"] - counts["running"])
         self.worker_died: list[str] = []
+        self.heartbeat = heartbeat
+        self.runner = Runner.this()
+        self.others = 0
+        """Trials other live runners hold (at the last look): this runner waits for them, to make up any that dies."""
+        self.looked, self.want = 0.0, True
+        self.deferred = 0
+        """Trials interrupted here (their worker died, their runs KILLED): made up by the next invocation, not
+        this one (a run that kills its worker, out of memory, would otherwise be retried for ever). A dead
+        runner's trials are made up at once."""
 
     # -- asking
     def _wanted(self) -> bool:
-        """The study holds fewer started trials than the target (every runner's trials count)."""
-        return len(self.study.get_trials(deepcopy=False, states=COUNTED)) < self.target
+        """The study holds fewer trials with an outcome or running than the sweep's total (every runner's count;
+        interrupted ones do not: their made-up copies, queued, are asked first)."""
+        c = trial_counts(self.study)
+        self.others = c["running"] - len(self.open)
+        self.want = c["counted"] + c["running"] + self.deferred < self.spec.trials
+        return self.want
 
     def take(self, free: int) -> list[Task]:
         out: list[Task] = []
+        if not self.open and time.monotonic() - self.looked < LOOK_S:
+            return out  # waiting on other runners' trials: look again in a moment
+        self.looked = time.monotonic()
+        made_up(self.spec, self.study, self.storage)
         while free > len(out) and self._wanted():
-            trial = self.study.ask()
+            with warnings.catch_warnings():  # ask/tell with heartbeats: ours (Heartbeat), not Study.optimize's
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                trial = self.study.ask()
+            if self.heartbeat is not None:
+                self.heartbeat.add(trial.number)
             params = design.suggest(self.spec.space, trial)
-            trial.set_user_attr("runner_pid", os.getpid())
+            trial.set_user_attr(ATTR_RUNNER, {k: v for k, v in dataclasses.asdict(self.runner).items() if k != "stop_file"})
             index = design.design_index(self.study, trial)
             if index is not None:
                 trial.set_user_attr(design.ATTR_DESIGN_INDEX, index)
@@ -160,7 +193,8 @@ class TrialSource:
                     prune_stops=True)
 
     def exhausted(self) -> bool:
-        return not self._wanted() and not self.open
+        """Nothing to ask, nothing open here, and no other runner's trial running (one that dies is made up)."""
+        return not self.open and not self.want and self.others <= 0  # as take() last looked
 
     # -- while the runs train
     def poll(self, running: list[Task]) -> None:
@@ -205,6 +239,14 @@ class TrialSource:
 
     def _tell(self, ot: OpenTrial) -> None:
         spec, obj, uri, trial = self.spec, self.spec.file.objective, self.spec.tracking_uri, ot.trial
+        if self.heartbeat is not None:
+            self.heartbeat.discard(trial.number)
+        if trial_state(self.storage, spec.name, trial.number) != TrialState.RUNNING:
+            # failed as dead by another runner (no heartbeat from here for the grace period: a suspended
+            # machine, a lost database): that runner made it up; telling it now would fail
+            print(f"[sweep {spec.name}] warning: trial {trial.number} was taken over by another runner (no heartbeat "
+                  "from this one in time); its outcome here is dropped, its made-up copy counts", flush=True)
+            return
         for unit, o in ot.outcomes.items():  # a worker that died left no run id in its outcome: the store has it
             if o.run_id is None and (run := _run_of(uri, spec.name, ot.tasks[unit])) is not None:
                 o.run_id = run.info.run_id
@@ -221,6 +263,7 @@ class TrialSource:
         if died or (not failed and any(o.status == "KILLED" for o in ot.outcomes.values())):
             # interrupted: it does not count, and is made up with the same values
             self.worker_died += [o.why for o in died]
+            self.deferred += 1
             self._finish(ot, TrialState.FAIL, "interrupted", "interrupted: " + (died[0].why if died else "runs KILLED"),
                          run_status="KILLED")
             self.study.enqueue_trial(ot.params, user_attrs={"retry_of": trial.number})
@@ -294,6 +337,85 @@ class TrialSource:
             self._finish(ot, TrialState.FAIL, "interrupted", "interrupted", run_status="KILLED")
             self.study.enqueue_trial(ot.params, user_attrs={"retry_of": ot.trial.number})
         self.open.clear()
+
+
+class Heartbeat:
+    """A thread of the runner that records a heartbeat (Optuna's RDBStorage.record_heartbeat, in the study's
+    database) every `interval_s` for each trial this runner runs; it dies with the runner, so the trials of a
+    runner killed with -9 go stale and are made up by the next runner to look, on any machine."""
+
+    def __init__(self, storage: Any, study_name: str, interval_s: float):
+        self.storage, self.study_name, self.interval_s = storage, study_name, interval_s
+        self.trials: dict[int, int] = {}
+        """Trial number -> trial id, the trials beating."""
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="trial-heartbeat", daemon=True)
+        self.thread.start()
+
+    def add(self, number: int) -> None:
+        """Beat for this trial from now on (one beat at once: a trial without any is never stale)."""
+        self.trials[number] = trial_id_of(self.storage, self.study_name, number)
+        self.storage.record_heartbeat(self.trials[number])
+
+    def discard(self, number: int) -> None:
+        self.trials.pop(number, None)
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.interval_s):
+            for trial_id in list(self.trials.values()):
+                try:
+                    self.storage.record_heartbeat(trial_id)
+                except Exception as e:  # noqa: BLE001 - a database hiccup must not end the beat (the trial would go stale)
+                    print(f"warning: heartbeat of trial id {trial_id} not recorded ({tracking.redact(str(e))[:200]}); "
+                          "retrying", flush=True)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=30)
+
+
+def made_up(spec: SweepSpec, study: Any, storage: Any) -> list[int]:
+    """Fail the study's dead trials, each made up once by whichever runner fails it: those whose heartbeat is
+    stale (Optuna's fail_stale_trials calls `make_up`, the storage's stale-trial callback) and those whose runner,
+    recorded on the trial, was a process of this machine that is gone (now, without waiting for the grace period).
+    Returns the trials this runner made up."""
+    fail_stale(study)  # its callback prints and returns nothing: counted by the lines below for this machine's ones
+    lost = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get(ATTR_RUNNER)
+        if not owner or Runner(**owner).alive():  # another machine's (its heartbeat says), or alive here
+            continue
+        trial_id = trial_id_of(storage, spec.name, t.number)
+        try:  # one row update under the database's lock: one runner wins
+            won = storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            won = False
+        if won:
+            make_up(spec, study, t, f"its runner (pid {owner['pid']} on {owner['host']}) is gone")
+            lost.append(t.number)
+    return lost
+
+
+def trial_id_of(storage: Any, study_name: str, number: int) -> int:
+    """The storage's id of trial `number` of a study (public storage API: a Trial's own id is private)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+
+
+def trial_state(storage: Any, study_name: str, number: int) -> TrialState:
+    return storage.get_trial(trial_id_of(storage, study_name, number)).state
+
+
+def make_up(spec: SweepSpec, study: Any, trial: Any, why: str = "no heartbeat from its runner") -> None:
+    """A dead trial (just failed by this runner alone): its runs tagged interrupted (RUNNING ones ended KILLED,
+    resumable), then its values enqueued again, so the next trial asked, by any runner, makes it up."""
+    uri = spec.tracking_uri
+    for r in tracking.find_runs(uri, spec.name, {keys.TAG_SWEEP: spec.name, keys.TAG_TRIAL: str(trial.number)}):
+        tracking.set_tags(uri, r.info.run_id, {keys.TAG_TRIAL_STATE: "FAIL", keys.TAG_TRIAL_OUTCOME: "interrupted"})
+        if r.info.status == "RUNNING":
+            tracking.end_run(uri, r.info.run_id, "KILLED")
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+    shown = ", ".join(f"{k}={fmt_value(v)}" for k, v in trial.params.items())
+    print(f"[sweep {spec.name}] trial {trial.number} {shown}: {why}; made up with the same values", flush=True)
 
 
 def run_objectives(uri: str, outcome: Outcome, objectives: list[StudyObjective], *, log: bool) -> dict[str, float]:

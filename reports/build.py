@@ -38,7 +38,9 @@ from analysis import detector
 from analysis.claims import check_claims, log_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED, WORLD_DEPENDENT
-from analysis.store import STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation
+from analysis.store import (
+    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation, smoothing,
+)
 from harness import keys as K
 from harness import provenance, tracking
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names, paper_key
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --reference and ABLATION names: put their results into the committed reference "
                          "(reference.json, README.md), keeping every other figure's; for files run into a store of "
                          "their own (a design study, a figure at a later commit)")
-    ap.add_argument("--smooth", type=int, default=1, metavar="K",
+    ap.add_argument("--smooth", type=smoothing, default=1, metavar="K",
                     help="rolling mean over K logged steps in figures (default 1 = raw)")
     ap.add_argument("--no-log", action="store_true", help="do not log figures to the ablations' parent runs")
     args = ap.parse_args(argv)

@@ -63,3 +63,28 @@ def fake_training(monkeypatch):
     monkeypatch.setattr(study, "TASK_KINDS", dict(study.TASK_KINDS))  # the built-in table back after the test
     study.register_task_kind("train", fake_train)
     return fake_train
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL cluster on 127.0.0.1 for the session (tests/servers.py); skipped, with the command
+    that installs it, where its binaries are missing."""
+    import servers
+
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver: pip install -e '.[postgres]' (make venv does)")
+    try:
+        pg = servers.start_postgres()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    yield pg
+    servers.stop_postgres(pg)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(postgres, tmp_path_factory):
+    """A real `mlflow server` process on the session's PostgreSQL (database mlflow), on 127.0.0.1."""
+    import servers
+
+    server = servers.start_mlflow_server(postgres, tmp_path_factory.mktemp("mlflow-server"))
+    yield server
+    servers.stop_mlflow_server(server)

@@ -1,0 +1,176 @@
+"""Several machines, for real (docs/SCALING.md): a real PostgreSQL server holds the Optuna study and a real
+`mlflow server` process on PostgreSQL the runs (fixtures `postgres`, `mlflow_server`: tests/servers.py), and
+runners in processes of their own, each with its own working folder and run folders as two machines have,
+train fake tasks (tests/fakes.py). The URLs are the documented ones: no password in them, PGPASSWORD set.
+
+- two sweep runners on one study, one of them killed with kill -9 while its trial trains and restarted while
+  the other works: distinct trials, each configuration trained in one run, the dead trial made up once, no
+  crash;
+- two grid runners on the server store: the second is refused while the first holds the grid, each run is
+  trained once, a rerun of the finished grid leaves its parent FINISHED;
+- one study and one parent run whether the password is in the URL or in PGPASSWORD, and no password in any
+  output, param, tag or study attribute.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from fakes import runner_command
+from helpers import alive_in, last_step, runs_in, started, tiny_grid, wait_for, write_sweep
+from optuna.trial import TrialState
+from servers import PASSWORD
+
+from harness import ablate, sweep, tracking
+from harness import keys as K
+from harness.lease import Lease
+from harness.registry import load_registry
+from harness.schema import parse_overrides
+from harness.study import Runner, study_hash
+from harness.sweepstore import database_identity, make_storage
+from harness.trials import ATTR_RUNNER
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"PGPASSWORD": PASSWORD}  # as docs/SCALING.md: the password out of the URL
+
+
+def machine(tmp_path: Path, name: str) -> Path:
+    """A folder standing in for a machine: the runner's working folder, so its run folders are its own."""
+    (tmp_path / name).mkdir(exist_ok=True)
+    return tmp_path / name
+
+
+def logs_of(*paths: Path) -> str:
+    return "\n".join(p.read_text() for p in paths if p.exists())
+
+
+def test_two_sweep_runners_one_killed_and_restarted_share_one_postgres_study(
+        tmp_path, tiny_world, postgres, mlflow_server):
+    name, uri, storage = "pg_sweep", mlflow_server.uri, postgres.url("optuna")
+    path = write_sweep(tmp_path, tiny_world, name, trials=4, steps=60, output_dir=False)  # runs/ of each machine
+    argv = [str(path), "--trials", "4", "--storage", storage, "--tracking-uri", uri, "--threads", "1",
+            "--heartbeat", "2", "--set", "sweep.sampler.name=random", "--set", "sweep.pruner.name=none"]
+    a, b = machine(tmp_path, "a"), machine(tmp_path, "b")
+    logs = [a / "first.log", b / "runner.log", a / "restarted.log"]
+    cmd = runner_command("harness.sweep", *argv)
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(started("harness.sweep", argv, a, logs[0], command=cmd, **ENV))
+        other = stack.enter_context(started("harness.sweep", argv, b, logs[1], command=cmd, **ENV))
+        study = wait_for(lambda: _study(storage, name), first, "the study", logs[0])
+
+        def first_ones_trial():  # a trial of the first runner, its run past step 2
+            for t in study.get_trials(states=(TrialState.RUNNING,)):
+                runs = tracking.find_runs(uri, name, {K.TAG_TRIAL: str(t.number)})
+                if t.user_attrs.get(ATTR_RUNNER, {}).get("pid") == first.pid and runs \
+                        and last_step(uri, runs[-1].info.run_id) >= 2:
+                    return t
+        victim = wait_for(first_ones_trial, first, "a trial of the first runner in flight", logs[0])
+        os.kill(first.pid, signal.SIGKILL)  # the runner alone: its worker ends its run KILLED and exits
+        first.wait()
+        deadline = time.monotonic() + 45
+        while (left := alive_in(first.pid, a)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"processes of the killed runner still alive: {left}"
+        assert other.poll() is None, logs_of(logs[1])[-3000:]  # the other one still works
+        again = stack.enter_context(started("harness.sweep", argv, a, logs[2], command=cmd, **ENV))
+        codes = [other.wait(timeout=600), again.wait(timeout=600)]
+    out = logs_of(*logs)
+    assert codes == [0, 0], out[-4000:]
+    assert "Traceback" not in out and PASSWORD not in out
+
+    trials = study.get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 4, trials
+    assert trials[victim.number].state == TrialState.FAIL  # dead, made up exactly once, with its values
+    (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == victim.params
+    assert {t.state for t in trials} == {TrialState.COMPLETE, TrialState.FAIL} and len(trials) == 5
+    finished = Counter(r.data.tags[K.TAG_CONFIG_HASH] for r in runs_in(uri, name) if r.info.status == "FINISHED")
+    assert len(finished) == 4 and set(finished.values()) == {1}, finished  # each configuration trained once
+    assert not [r for r in runs_in(uri, name) if r.info.status == "RUNNING"]
+    (parent,) = runs_in(uri, name, "parent")
+    assert parent.info.status == "FINISHED"
+
+
+def test_two_grid_runners_on_the_server_store_train_each_run_once(tmp_path, tiny_world, mlflow_server):
+    """While a runner of another machine holds the grid (its lease in the store, beating), a runner here is
+    refused; once it has let go, two runners started at once train each run once between them."""
+    name, uri = "server_grid", mlflow_server.uri
+    path = tiny_grid(tmp_path, tiny_world, name)
+    argv = [str(path), "--tracking-uri", uri, "--runs-dir", "runs", "--threads", "1", "--no-progress",
+            "--workers", "2", "--set", "ppo.steps=40"]
+    a, b = machine(tmp_path, "a"), machine(tmp_path, "b")
+    cmd = runner_command("harness.ablate", *argv)
+    grid = ablate.grid_identity(load_registry(path, overrides=parse_overrides(["ppo.steps=40"])))
+    with Lease(uri, name, study_hash(grid), Runner(1, 0.0, "another-machine")):
+        with started("harness.ablate", argv, b, b / "refused.log", command=cmd) as refused:
+            assert refused.wait(timeout=300) == 3, (b / "refused.log").read_text()[-3000:]
+    out = (b / "refused.log").read_text()
+    assert f"another `python -m harness.ablate` is running grid {name!r}" in out and "another-machine" in out
+    assert "Traceback" not in out and not runs_in(uri, name) and not runs_in(uri, name, "parent")
+
+    with started("harness.ablate", argv, a, a / "runner.log", command=cmd) as first, \
+            started("harness.ablate", argv, b, b / "runner.log", command=cmd) as second:
+        codes = sorted([first.wait(timeout=600), second.wait(timeout=600)])
+    out = logs_of(a / "runner.log", b / "runner.log")
+    assert codes in ([0, 0], [0, 3]), out[-4000:]  # the second refused, or it came after: nothing to run
+    assert "Traceback" not in out
+    runs = runs_in(uri, name)
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}, runs  # each (variant, seed) once
+    (parent,) = runs_in(uri, name, "parent")
+    assert parent.info.status == "FINISHED"
+
+    with started("harness.ablate", argv, b, b / "rerun.log", command=cmd) as rerun:  # the other machine, later
+        assert rerun.wait(timeout=300) == 0, (b / "rerun.log").read_text()[-3000:]
+    assert "(nothing to run)" in (b / "rerun.log").read_text()
+    assert [r.info.run_id for r in runs_in(uri, name)] == [r.info.run_id for r in runs]
+    (again,) = runs_in(uri, name, "parent")
+    assert (again.info.run_id, again.info.status) == (parent.info.run_id, "FINISHED")
+
+
+def test_one_study_and_parent_however_the_url_is_spelled_and_no_password_anywhere(
+        tmp_path, tiny_world, postgres, mlflow_server, fake_training, monkeypatch, capsys):
+    name, uri = "pg_identity", mlflow_server.uri
+    in_url = postgres.url("optuna", password=True)
+    in_env = postgres.url("optuna", host="localhost")  # another host name for the same server, password in PGPASSWORD
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    first = make_storage(in_url)
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    assert database_identity(first) == database_identity(make_storage(in_env))
+    assert PASSWORD not in database_identity(first)
+
+    path = write_sweep(tmp_path, tiny_world, name, trials=1)
+    common = [str(path), "--tracking-uri", uri, "--workers", "0", "--threads", "1"]
+    monkeypatch.delenv("PGPASSWORD")
+    assert sweep.main([*common, "--storage", in_url]) == 0
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    assert sweep.main([*common, "--storage", in_env, "--trials", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert PASSWORD not in out + err
+    (parent,) = runs_in(uri, name, "parent")  # one parent: the same study
+    study = optuna.load_study(study_name=name, storage=make_storage(in_env))
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs_in(uri, name)} == {parent.info.run_id}
+    c = tracking.client(uri)
+    for run in [parent, *runs_in(uri, name)]:
+        data = c.get_run(run.info.run_id).data
+        assert PASSWORD not in repr(data.params) + repr(data.tags)
+    assert PASSWORD not in repr(study.user_attrs) + repr([t.user_attrs for t in study.get_trials()])
+
+
+def _study(storage: str, name: str):
+    with contextlib.suppress(KeyError):
+        return optuna.load_study(study_name=name, storage=make_storage(storage))
+
+
+@pytest.fixture(autouse=True)
+def _password_in_env_only(monkeypatch):
+    """The runners of these tests find the password in PGPASSWORD (ENV); this process too, for its reads."""
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
