@@ -185,7 +185,8 @@ def store_error(tracking_uri: str, e: Exception) -> StoreError:
                 f"tried with {budget} (set these variables for a longer budget)")
     else:
         hint = "check the URI (--tracking-uri, else $MLFLOW_TRACKING_URI) and that its server or folder is there"
-    return StoreError(redact(f"the MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {e}); {hint}"))
+    why = " ".join(str(e).split())  # one line: a driver's message spans several
+    return StoreError(redact(f"the MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {why}); {hint}"))
 
 
 def sqlite_lock(uri: str) -> Any:
@@ -220,6 +221,26 @@ def first_contact_budget(tracking_uri: str):
             os.environ.pop(k, None)
 
 
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+"""Database URIs MLflow opens through SQLAlchemy (sqlite aside): MLflow retries the engine ~10 times with
+doubling sleeps (about 100 s) before it gives up on a database that does not answer."""
+
+
+def probe_database(tracking_uri: str, timeout_s: int = 5) -> None:
+    """One connection to a database store with a short connect timeout, so a server that is not there fails
+    in seconds with its own error, before MLflow's retries (a no-op for other stores)."""
+    if tracking_uri.split(":", 1)[0].split("+", 1)[0] not in DATABASE_SCHEMES:
+        return
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(tracking_uri, connect_args={"connect_timeout": timeout_s})
+    try:
+        with engine.connect():
+            pass
+    finally:
+        engine.dispose()
+
+
 def client(tracking_uri: str) -> MlflowClient:
     """A client of the store, checked by one request the first time a process opens it (a failure is
     a `StoreError`). A sqlite store is created/migrated under a file lock, once per process: two
@@ -230,6 +251,7 @@ def client(tracking_uri: str) -> MlflowClient:
         db = sqlite_path(tracking_uri)
         try:
             with sqlite_lock(tracking_uri), first_contact_budget(tracking_uri):
+                probe_database(tracking_uri)
                 MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
                 if db is not None:
                     # a write-ahead log: a commit appends to one file and syncs it once (the rollback
