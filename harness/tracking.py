@@ -33,6 +33,18 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 """MLflow 3's own default store, when neither a flag, MLFLOW_TRACKING_URI nor a config names one."""
 _READY: set[str] = set()
+
+SQLITE_BUSY_MS = 60_000
+"""How long a write to a sqlite store (MLflow's or Optuna's) waits for another process's lock before
+"database is locked": a grid's workers and its runner all write at once when a run ends or a Ctrl-C
+reaches them, and under load sqlite3's default 5 s was lost now and then (a run left RUNNING, a
+traceback). Set on every sqlite connection SQLAlchemy opens in this process (a public engine event)."""
+
+
+@sqlalchemy.event.listens_for(sqlalchemy.engine.Engine, "connect")
+def _sqlite_busy_timeout(dbapi_connection: Any, _record: Any) -> None:
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_MS}")
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")
 
 

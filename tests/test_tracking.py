@@ -47,3 +47,18 @@ def test_credentials_never_reach_the_store(tmp_path):
     art = tmp_path / "mlartifacts"
     assert all("s3cr3t" not in f.read_text() for f in art.rglob("*") if f.is_file())
     assert len([f for f in art.rglob("*") if f.is_file()]) == 2
+
+
+def test_sqlite_stores_wait_for_a_lock_instead_of_failing_at_5_s(tmp_path):
+    """Every sqlite connection SQLAlchemy opens (MLflow's store, Optuna's storage) waits SQLITE_BUSY_MS for
+    another process's write lock: a grid's workers and runner writing at once on a Ctrl-C lost sqlite3's
+    default 5 s under load ("database is locked", a run left RUNNING)."""
+    import sqlalchemy
+    from mlflow.store.db.utils import create_sqlalchemy_engine
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.client(uri)
+    for engine in (create_sqlalchemy_engine(uri), sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'optuna.db'}")):
+        with engine.connect() as con:
+            assert con.exec_driver_sql("PRAGMA busy_timeout").scalar() == tracking.SQLITE_BUSY_MS
+        engine.dispose()
