@@ -11,6 +11,7 @@ import math
 import os
 import posixpath
 import re
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -253,6 +254,41 @@ def probe_database(tracking_uri: str, timeout_s: int = 5) -> None:
         engine.dispose()
 
 
+STORE_TEMPLATE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harness"
+"""Where the empty sqlite store of this MLflow version is kept (`new_sqlite_store`)."""
+
+
+def _store_template() -> Path:
+    """An empty, fully migrated sqlite store of this MLflow version, made once per machine by MLflow itself
+    (its Default experiment removed: MLflow adds it back, with its artifact folder, where the copy is opened)."""
+    path = STORE_TEMPLATE_DIR / f"mlflow-{mlflow.__version__}-empty.db"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+        with contextlib.closing(sqlite3.connect(tmp)) as con, con:
+            con.execute("DELETE FROM experiments")
+        os.replace(tmp, path)  # whole or not at all: two processes making it at once both make a good one
+    return path
+
+
+def new_sqlite_store(db: Path) -> None:
+    """Create the sqlite store `db` (absent or empty) as a copy of `_store_template`: MLflow builds a new store
+    by running its ~60 schema migrations, 2-3 s of CPU, paid by every new store of a grid, sweep, report or
+    test; the copy takes milliseconds and opens as a store MLflow made (tables at the head revision). Where the
+    template cannot be made (no writable cache folder), MLflow creates the store as it always does."""
+    if db.is_file() and db.stat().st_size:
+        return
+    try:
+        template = _store_template()
+    except (OSError, sqlite3.Error):
+        return
+    tmp = db.with_name(f"{db.name}.{os.getpid()}.tmp")
+    shutil.copyfile(template, tmp)
+    os.replace(tmp, db)
+
+
 def client(tracking_uri: str) -> MlflowClient:
     """A client of the store, checked by one request the first time a process opens it (a failure is
     a `StoreError`). A sqlite store is created/migrated under a file lock, once per process: two
@@ -264,6 +300,8 @@ def client(tracking_uri: str) -> MlflowClient:
         try:
             with sqlite_lock(tracking_uri), first_contact_budget(tracking_uri):
                 probe_database(tracking_uri)
+                if db is not None:
+                    new_sqlite_store(db)
                 MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
                 if db is not None:
                     # a write-ahead log: a commit appends to one file and syncs it once (the rollback

@@ -62,3 +62,34 @@ def test_sqlite_stores_wait_for_a_lock_instead_of_failing_at_5_s(tmp_path):
         with engine.connect() as con:
             assert con.exec_driver_sql("PRAGMA busy_timeout").scalar() == tracking.SQLITE_BUSY_MS
         engine.dispose()
+
+
+def _schema(db) -> tuple:
+    """Tables, their columns and indexes, and the schema revision (not the CREATE text: MLflow's migrations
+    write a CHECK constraint's values in an order that varies between two stores it makes)."""
+    with sqlite3.connect(db) as con:
+        names = sorted(n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"))
+        columns = {n: con.execute(f'PRAGMA table_info("{n}")').fetchall() for n in names}
+        return names, columns, con.execute("SELECT version_num FROM alembic_version").fetchall()
+
+
+def test_a_new_sqlite_store_is_a_copy_of_the_migrated_template_and_opens_as_mlflow_made_it(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setattr(tracking, "STORE_TEMPLATE_DIR", tmp_path / "cache")
+    MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'by_mlflow.db'}").search_experiments()  # MLflow's migrations
+    for where in ("a", "b"):  # the first makes the template, the second only copies it
+        (tmp_path / where).mkdir()
+        uri = f"sqlite:///{tmp_path / where / 'mlflow.db'}"
+        exp = tracking.ensure_experiment(uri, "exp")
+        made, copied = _schema(tmp_path / "by_mlflow.db"), _schema(tmp_path / where / "mlflow.db")
+        assert copied == made
+        experiments = {e.name: e for e in tracking.client(uri).search_experiments()}
+        assert set(experiments) == {"Default", "exp"} and experiments["exp"].experiment_id == exp
+        assert experiments["Default"].experiment_id == "0" and "cache" not in experiments["Default"].artifact_location
+        run_id = tracking.start_run(uri, "exp", "r")  # its artifacts beside this store, not the template's
+        assert tracking.client(uri).get_run(run_id).info.artifact_uri.startswith((tmp_path / where).as_uri())
+    (template,) = (tmp_path / "cache").iterdir()
+    with sqlite3.connect(template) as con:
+        assert con.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    assert not list(tmp_path.rglob("*.tmp"))
