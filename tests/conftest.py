@@ -10,16 +10,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
-def tiny_world(tmp_path_factory):
-    """A world at the TINY scale (seconds to build), shared by every test of the session."""
+def tiny_world(tmp_path_factory, worker_id):
+    """A world at the TINY scale (seconds to build), shared by every test of the session: under xdist in the
+    run's folder shared by all workers, built by the first that asks (build_world lets one builder work on a
+    folder at a time and returns a built world at once), so the suite builds it once, not once per worker."""
     from harness.world import TINY, build_world, load_world_config
 
-    root = tmp_path_factory.mktemp("world")
-    path = build_world(
-        load_world_config(overrides=TINY), root / "world",
-        tracking_uri=f"sqlite:///{root / 'mlflow.db'}", progress=False,
-    )
-    return path
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # this run's folder, the parent of every worker's own
+    return build_world(load_world_config(overrides=TINY), root / "tiny_world" / "world",
+                       tracking_uri=f"sqlite:///{root / 'tiny_world' / 'mlflow.db'}", progress=False)
 
 
 def fast_overrides(world_dir, tmp_path, **extra) -> list[str]:
