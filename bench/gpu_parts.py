@@ -25,7 +25,7 @@ SKIP = ("perf/", "policy/clipfrac", "val/clipfrac", "collapse/")
 fractions, the collapse rule's signals), which one rounding can move by a whole token."""
 TINY_RUN = {"data.eval_prompts": 8, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 1,
             "generation.max_new_tokens": 12}
-"""--tiny: the world runs at the test suite's sizes (tests/conftest.py's fast_overrides)."""
+"""--tiny: the world runs at the test suite's sizes (tests/helpers.py's fast_overrides)."""
 DS = {"distributed.deepspeed": "true"}
 RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "cpu_fp32": ("cpu", {}),

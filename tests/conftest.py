@@ -23,32 +23,10 @@ def tiny_world(tmp_path_factory, worker_id):
                        tracking_uri=f"sqlite:///{root / 'tiny_world' / 'mlflow.db'}", progress=False)
 
 
-def fast_overrides(world_dir, tmp_path, **extra) -> list[str]:
-    """Config overrides for a run of a few seconds on the tiny world, logging into tmp_path."""
-    base = {
-        "data.world_dir": str(world_dir),
-        "data.eval_prompts": 8,
-        "ppo.steps": 4,
-        "ppo.rollout_batch_size": 8,
-        "ppo.num_minibatches": 2,
-        "ppo.ppo_epochs": 1,
-        "generation.max_new_tokens": 12,
-        "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "logging.output_dir": str(tmp_path / "runs"),
-        "logging.eval_every": 2,
-        "logging.sample_every": 2,
-        "logging.checkpoint_every": 2,
-        "logging.progress": False,
-        "threads": 1,
-    }
-    base.update(extra)
-    return [f"{k}={'null' if v is None else v}" for k, v in base.items()]
-
-
 @pytest.fixture
 def detector_file(tmp_path):
-    """A hand-set detector file (tests/test_detector.py's write_detector)."""
-    from test_detector import write_detector
+    """A hand-set detector file (tests/helpers.py's write_detector)."""
+    from helpers import write_detector
 
     return write_detector(tmp_path / "detector.json")
 

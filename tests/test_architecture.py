@@ -145,3 +145,29 @@ def test_no_module_of_the_harness_is_above_700_lines_and_the_sweep_runner_is_sli
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "harness").rglob("*.py")}
     assert not {p: n for p, n in sizes.items() if n > 700}
     assert sizes["harness/sweep.py"] <= 450
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module an import in this file names (the lazy ones inside functions too), as written."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add("." * node.level + node.module)
+    return names
+
+
+def test_no_test_module_imports_another_test_module():
+    """What test modules share lives in tests/helpers.py (plain functions and constants) and tests/conftest.py
+    (fixtures, which pytest hands out, never imported): importing a test module runs its collection-time
+    code again, and a second copy of conftest under another name (tests.conftest) is a second module."""
+    own = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for name in sorted(_imported_names(path)):
+            first = name.lstrip(".").split(".")[0]
+            if first == "tests" or first == "conftest" or (first.startswith("test_") and first in own):
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, "a test module imports another test module (move what it needs to tests/helpers.py):\n" + \
+        "\n".join(bad)

@@ -75,7 +75,7 @@ def test_truth_state_roundtrip_and_the_monitor_logs_the_onset_once():
 
 
 def test_without_gold_the_detectors_warning_is_the_flag(detector_file):
-    from test_detector import collapsing_stream
+    from helpers import collapsing_stream
 
     m = Monitor(CollapseConfig(detector=str(detector_file)), has_gold=False)
     out = [m.update(s, x) for s, x in enumerate(collapsing_stream(60, at=30), 1)]
@@ -95,8 +95,8 @@ from harness.config import load_config  # noqa: E402
 from harness.detector import SIGNALS, load_params  # noqa: E402
 from harness.detector import replay as detector_replay  # noqa: E402
 from harness.train import BEST_POLICY, train  # noqa: E402
-from conftest import fast_overrides  # noqa: E402
-from test_detector import write_detector  # noqa: E402
+from helpers import fast_overrides  # noqa: E402
+from helpers import write_detector  # noqa: E402
 
 from analysis import detector as detector_eval  # noqa: E402
 

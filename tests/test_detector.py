@@ -12,39 +12,7 @@ from harness import keys as K
 from harness import tracking
 from harness.detector import BASE_FEATURES, BASE_SIGNALS, FEATURES, Detector, DetectorParams, Features, load_params, replay
 from harness.schema import ConfigError
-
-
-def stream(n: int, *, at: int | None = None, rate: float = 1.0, seed: int = 0, entropy: float = 1.4,
-           cap: int = 24) -> list[dict[str, float]]:
-    """Per-step metrics of a run: healthy until `at` (KL creeps, perplexities hold), then the paper's
-    pattern (KL climbs, perplexity and entropy fall, lengths run to the cap, RM score climbs), faster
-    with `rate`; noise of a 32-response batch."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for t in range(1, n + 1):
-        a = 0.0 if at is None else max(0.0, t - at) * 0.05 * rate
-        kl = 0.002 * t + a * entropy
-        out.append({
-            K.KL_K3: kl * (1 + 0.05 * rng.standard_normal()), K.KL: kl, K.ENTROPY: entropy * math.exp(-0.5 * a),
-            K.PPL_TOKENS: 3.0 * math.exp(-0.4 * a) * (1 + 0.02 * rng.standard_normal()),
-            K.PPL: 3.0 * math.exp(-0.4 * a), K.PPL_REF: 3.2 * math.exp(0.8 * a) * (1 + 0.02 * rng.standard_normal()),
-            K.LENGTH: min(cap, 12.0 * math.exp(0.3 * a)), K.LENGTH_STD: 4.0 * math.exp(-0.5 * a) + 0.1,
-            K.FRAC_AT_CAP: min(1.0, 0.02 + 0.4 * a), K.RM_SCORE: 0.1 + 0.8 * a + 0.05 * rng.standard_normal(),
-            K.RM_SCORE_STD: 1.0 + 0.2 * a, K.POLICY_CLIPFRAC: 0.05 + 0.05 * min(a, 2.0),
-            K.APPROX_KL: 0.01 + 0.02 * a, K.GOLD_SCORE: -0.5 - 0.8 * a + 0.1 * rng.standard_normal(),
-        })
-    return out
-
-
-def collapsing_stream(n: int, at: int) -> list[dict[str, float]]:
-    return stream(n, at=at)
-
-
-def write_detector(path, threshold: float = 0.5) -> str:
-    """A hand-set detector: warns once KL has grown past about half the start's entropy."""
-    p = DetectorParams(features=["kl"], mean=[0.0], scale=[1.0], coef=[12.0], intercept=-6.0, threshold=threshold)
-    path.write_text(json.dumps(dataclasses.asdict(p)))
-    return str(path)
+from helpers import stream, write_detector
 
 
 def test_features_are_relative_to_the_runs_own_start():

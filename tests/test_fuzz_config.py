@@ -8,74 +8,18 @@ from __future__ import annotations
 
 import json
 import re
-import types
-import typing
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 import pytest
 import yaml
-from pydantic import AfterValidator
 
 from harness.config import ConfigError, TrainConfig, load_config
 from harness.schema import iter_fields, set_dotted
 from harness.train import main as train_main
 from harness.world.config import WorldConfig, load_world_config
+from helpers import bad_values, field_parts, mistype
 
 LOADERS = {TrainConfig: load_config, WorldConfig: load_world_config}
-
-
-def _parts(tp: Any, meta: list) -> tuple[bool, Any, dict[str, Any], bool]:
-    """(optional, base type, numeric bounds, has a custom string check) of a field annotation."""
-    optional = get_origin(tp) in (typing.Union, types.UnionType) and type(None) in get_args(tp)
-    if optional:
-        tp = next(a for a in get_args(tp) if a is not type(None))
-    meta = list(meta)
-    if get_origin(tp) is typing.Annotated:
-        tp, *more = get_args(tp)
-        meta += more
-    meta = [x for m in meta for x in ([m, *m.metadata] if hasattr(m, "metadata") else [m])]
-    bounds = {a: getattr(m, a) for m in meta for a in ("gt", "ge", "lt", "le") if getattr(m, a, None) is not None}
-    checked = any(isinstance(m, AfterValidator) for m in meta)
-    return optional, tp, bounds, checked
-
-
-def bad_values(tp: Any, meta: list) -> list[tuple[str, Any]]:
-    """(what, value) pairs the field must refuse."""
-    optional, base, bounds, checked = _parts(tp, meta)
-    out: list[tuple[str, Any]] = [("wrong type (list)", [1, 2])]
-    if not optional:
-        out.append(("null", None))
-    if base in (int, float):
-        out.append(("wrong type (text)", "twelve"))
-        out.append(("wrong type (bool)", True))
-        step = 1 if base is int else 0.5
-        if "ge" in bounds:
-            out.append(("below range", bounds["ge"] - step))
-        if "gt" in bounds:
-            out.append(("at the open end", bounds["gt"]))
-        if "le" in bounds:
-            out.append(("above range", bounds["le"] * 10 + step))
-        if "lt" in bounds:
-            out.append(("at the open end", bounds["lt"]))
-        if base is int:
-            out.append(("fraction", 2.5))
-    elif base is bool:
-        out += [("text for a bool", "yes"), ("int for a bool", 1)]
-    elif get_origin(base) is Literal:
-        out += [("not a choice", "zzz-not-a-choice"), ("int for a choice", 7)]
-    elif base is str:
-        out.append(("int for text", 7))
-        if checked:
-            out.append(("NUL byte", "a\x00b"))
-    elif get_origin(base) is dict:
-        out.append(("non-text value", {"k": [1]}))
-    return out
-
-
-def mistype(name: str) -> str:
-    """Drop one letter from the middle of a key (kl_coef -> kl_cef)."""
-    i = len(name) // 2
-    return name[:i] + name[i + 1:] if len(name) > 2 else name + "x"
 
 
 def cases(cls: type) -> dict[str, list[tuple[str, Any, str]]]:
@@ -140,7 +84,7 @@ def set_dotted_copy(key: str, value: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("cls", list(LOADERS))
 def test_null_is_accepted_exactly_for_optional_fields(cls):
     for key, tp, *_ in iter_fields(cls):
-        if _parts(tp, [])[0]:
+        if field_parts(tp, [])[0]:
             LOADERS[cls](None, {key: None})
 
 
@@ -197,7 +141,7 @@ RUN_CASES = {  # valid values this run cannot use: the trainer's CLI refuses eac
 
 @pytest.mark.parametrize("override", list(RUN_CASES))
 def test_values_this_run_cannot_use_exit_2_before_any_run_exists(tiny_world, tmp_path, capsys, override):
-    from conftest import fast_overrides
+    from helpers import fast_overrides
 
     from harness import tracking
 
@@ -211,7 +155,7 @@ def test_values_this_run_cannot_use_exit_2_before_any_run_exists(tiny_world, tmp
 
 def test_a_learning_rate_that_blows_the_weights_up_fails_the_run_naming_it(tiny_world, tmp_path, capsys):
     """1e308 is a valid float: the run starts, and ends FAILED with the reason, not an index error."""
-    from conftest import fast_overrides
+    from helpers import fast_overrides
 
     over = fast_overrides(tiny_world, tmp_path, **{"ppo.num_minibatches": 1, "ppo.policy_lr": 1e308})
     assert train_main([x for o in over for x in ("--set", o)]) == 1

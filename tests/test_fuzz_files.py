@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import pytest
 import yaml
-from test_fuzz_config import _parts, bad_values, mistype
+from helpers import bad_values, field_parts, mistype
 
 from harness import ablate, sweep, sweepfile
 from harness.config import TrainConfig
@@ -46,7 +46,7 @@ def section_field(cls: Any, path: list[str]) -> tuple[Any, list] | None:
     """(annotation, metadata) of the field at `path` inside section `cls` (list items by index)."""
     tp, meta = cls, []
     for part in path:
-        inner = _parts(tp, [])[1]
+        inner = field_parts(tp, [])[1]
         if part.isdigit() and get_origin(inner) in (typing.Union, types.UnionType):  # `int | list[int]`
             inner = next((a for a in get_args(inner) if get_origin(a) is list), inner)
         fields = getattr(inner, "__pydantic_fields__", {})
@@ -146,7 +146,7 @@ class Case:
 
 def required(tp: Any) -> list[str]:
     """The fields of a section without a default."""
-    inner = _parts(tp, [])[1]
+    inner = field_parts(tp, [])[1]
     return [f.name for f in dataclasses.fields(inner) if f.default is f.default_factory is dataclasses.MISSING] \
         if dataclasses.is_dataclass(inner) else []
 
@@ -154,7 +154,7 @@ def required(tp: Any) -> list[str]:
 def own_values(key: str) -> bool:
     """A config key whose field has a finite set of values (bool, Literal): a search space may leave them out."""
     found = config_field(TrainConfig, key)
-    base = _parts(found[0], [])[1] if found else None
+    base = field_parts(found[0], [])[1] if found else None
     return base is bool or get_origin(base) is Literal
 
 
@@ -197,7 +197,7 @@ def generated(file: str) -> list[Case]:
         if found and path[-1] != "set" and one_type(found[0]):  # an empty `set` is no overrides
             # a search-space key (or its `choices`) left null means the field's own values, if it has some
             own = path[0] == "search_space" and len(path) > 1 and path[2:] in ([], ["choices"]) and own_values(path[1])
-            bad = [("scalar", 3)] + ([] if _parts(found[0], [])[0] or own else [("null", None)])
+            bad = [("scalar", 3)] + ([] if field_parts(found[0], [])[0] or own else [("null", None)])
             out += [Case(file, f"{'.'.join(path)}: section {what}", mutated(data, path, v), ".".join(path))
                     for what, v in bad]
     for path in [[]] + list(sections(data)):

@@ -9,7 +9,7 @@ from analysis.claims import CLAIM_TAG, CLAIMS_TABLE, TABLE_COLUMNS
 from analysis.synthetic import Curve, write_ablation
 from harness import tracking
 from reports.build import build
-from test_analysis import ETAS, SEEDS, fast_dir, write_registry
+from helpers import ETAS, SEEDS, fast_dir, write_registry
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_parent_run_holds_the_report_and_the_claims(store, monkeypatch):
     run = c.get_run(parent)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # load_table searches the runs of the default store
     table = c.load_table(run.info.experiment_id, CLAIMS_TABLE, run_ids=[parent], extra_columns=["run_id"])
-    n = len(table)  # every claim of kl_eta in test_analysis.REGISTRY, once
+    n = len(table)  # every claim of kl_eta in helpers.REGISTRY, once
     assert list(table.columns) == TABLE_COLUMNS + ["run_id"] and n == 7 and table["claim"].is_unique
     first = table.iloc[0]
     assert first["claim"] == "A larger KL penalty η keeps KL lower." and first["verdict"] == "reproduced"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fast_overrides
+from helpers import fast_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "S3CRET"

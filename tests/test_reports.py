@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from pypdf import PdfReader
 
 from analysis.synthetic import Curve, write_ablation, write_world_ablation
 from harness import tracking
 from harness.registry import REPO_ROOT
 from reports.build import COMBINED, build
 from reports.build import main as build_main
-from test_analysis import ETAS, fast_dir, write_registry
+from helpers import ETAS, fast_dir, pdf_text, write_registry
 
 SWEEP_YAML = """
 name: sweep_x
@@ -42,17 +41,11 @@ def fake_sweep_module(png) -> types.ModuleType:
     return mod
 
 
-def pdf_text(path) -> tuple[int, str]:
-    """Page count and the text with whitespace collapsed (table cells wrap sentences)."""
-    reader = PdfReader(str(path))
-    return len(reader.pages), " ".join(" ".join(page.extract_text() for page in reader.pages).split())
-
-
 def write_detector_evaluation(folder: Path) -> dict:
     """An evaluation of a hand-set detector on synthetic runs, as `python -m analysis.detector evaluate
     --out FOLDER` writes it (the reports read folder/evaluation.json and folder/detector.png)."""
     from analysis import detector as D
-    from test_detector import stream, write_detector
+    from helpers import stream, write_detector
 
     folder.mkdir(parents=True, exist_ok=True)
     params = D.load_params(write_detector(folder / "d.json"))

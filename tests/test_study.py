@@ -25,7 +25,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-from conftest import fast_overrides
+from helpers import fast_overrides
 from optuna.trial import TrialState
 from fakes import expected_points, runner_command
 from helpers import (

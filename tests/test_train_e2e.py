@@ -13,7 +13,7 @@ from harness.algorithms.names import ADV_ESTIMATORS
 from harness.config import ConfigError, load_config
 from harness.train import main as train_main
 from harness.train import train
-from conftest import fast_overrides
+from helpers import fast_overrides
 
 
 def run(tiny_world, tmp_path, **extra):

@@ -18,7 +18,7 @@ from harness.algorithms.losses import (
 from harness.algorithms.rewards import overlong_penalty
 from harness.config import HASH_NEUTRAL_AT_DEFAULT, ConfigError, config_hash, load_config
 from harness.train import train
-from conftest import fast_overrides
+from helpers import fast_overrides
 
 T = torch.tensor
 

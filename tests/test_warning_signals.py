@@ -17,7 +17,7 @@ from harness.detector import (
     BASE_FEATURES, FEATURES, DetectorParams, Features, GaoFit, family_features, needs_audit, replay,
 )
 from harness.train import train
-from conftest import fast_overrides
+from helpers import fast_overrides
 from helpers import HH, hh_tokenizer
 
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")

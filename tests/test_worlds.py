@@ -25,7 +25,7 @@ from analysis.synthetic import Curve, world_hash, write_ablation, write_world_ab
 from harness import keys as K
 from harness.rules import Claim, EvalScoresShift, PairsAboveChance
 from reports.reference import figure_text
-from test_analysis import fast_dir
+from helpers import fast_dir
 
 WORLDS_YAML = """
 name: worlds
@@ -324,7 +324,7 @@ def test_an_old_reference_without_worlds_compares_as_before(env):
 
 
 def test_report_shows_the_worlds_beside_the_pooled_test(env, tmp_path):
-    from test_reports import pdf_text
+    from helpers import pdf_text
 
     from reports.build import Section, make_styles, write_pdf
 
