@@ -47,7 +47,7 @@ from harness import tracking
 from harness.config import CollapseConfig, from_dict
 from harness.detector import (
     BASE_FEATURES, BASE_SIGNALS, DEFAULT_PARAMS, FAMILIES, FEATURES, SIGNALS, DetectorParams, Features, family_features,
-    load_params, replay, resolve_params, signals_of,
+    load_params, reads_audit, replay, resolve_params, signals_of,
 )
 from harness.metrics import IndicatorRule, gold_onset
 from harness.schema import ConfigError, parse_value
@@ -461,9 +461,17 @@ FAMILY_SETS: dict[str, tuple[str, ...]] = {
     "base + audit RMs": ("base", "audit"),
     "base + forecast": ("base", "forecast"),
     "forecast alone": ("forecast",),
-    "every family": FAMILIES,
+    "every family": tuple(f for f in FAMILIES if f != "trend"),
 }
 """The detectors of the ablation: each fit on the same fit runs, scored on the same held-out runs."""
+TREND_SETS: dict[str, tuple[str, ...]] = {
+    "base + trend": ("base", "trend"),
+    "base + audit RMs + trend": ("base", "audit", "trend"),
+    "every family + trend": FAMILIES,
+}
+"""The trend family's sets (`families --trend`): measured in bench/RESULTS.md session 16, not adopted (in
+neither fold did they lengthen the held-out lead without more held-out false alarms), so not in the
+default ablation, whose choice they would change."""
 
 
 def cv_row(params: DetectorParams) -> dict[str, Any]:
@@ -684,6 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--save", metavar="FILE", help="write the detector of the family set chosen on the fit runs here")
             p.add_argument("--save-no-audit", metavar="FILE", help="and the one chosen among the sets without the audit "
                            "RMs' signals (a run without audit RMs) here")
+            p.add_argument("--trend", action="store_true", help="also the trend family's sets (measured, not adopted: "
+                           "bench/RESULTS.md session 16)")
         if name == "fit":
             p.add_argument("--leads", default=",".join(map(str, LEADS)), metavar="LIST", help="steps before the onset "
                            f"labelled as collapsing, tried by cross-validation over the fit runs (default {LEADS})")
@@ -712,12 +722,13 @@ def _write_params(params: DetectorParams, path: Path) -> None:
 
 
 def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any]) -> int:
-    results = ablate_families(runs, fa_target=args.fa_target, provenance=prov)
+    results = ablate_families(runs, fa_target=args.fa_target, provenance=prov,
+                              sets=FAMILY_SETS | TREND_SETS if args.trend else None)
     fitted = {n: r for n, r in results.items() if "error" not in r}
     if not fitted:
         raise ConfigError([r["error"] for r in results.values()])
     chosen = choose_family(fitted, args.fa_target)
-    no_audit = {n: r for n, r in fitted.items() if not {"audit", "forecast"} & set(r["families"])}
+    no_audit = {n: r for n, r in fitted.items() if not reads_audit(family_features(r["families"]))}
     chosen_no_audit = choose_family(no_audit, args.fa_target) if no_audit else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,19 @@ policy is still the SFT model there). With H the policy's per-token entropy on i
     rm_spread  log s(rm_std) / b(rm_std)
     clipfrac   s(policy clip fraction)
 
+The trend family (issue 35; measured in bench/RESULTS.md session 16 and not adopted: no committed
+detector reads it, and `python -m analysis.detector families` tries it only with --trend) reads longer
+windows of the audit RMs' gap and of the KL, over the last L = TREND_WINDOWS * window steps (fewer while
+the run is younger: every step it has). With g = r(rm) / b(rm_std) - r(audit) / b(audit_std) of each
+step's raw values r (audit_gap's gap, up to a constant), G_t = (s(rm) - b(rm)) / b(rm_std) -
+(s(audit) - b(audit)) / b(audit_std) the same of the smoothed signals (audit_gap), and h = floor(L / 2):
+
+    gap_trend         window * (least-squares slope of g over the last L steps)   the gap's growth per window
+    gap_cusum         G_t - min_{baseline_steps <= tau <= t} G_tau   a CUSUM (Page's, no allowance) of the
+                      gap's increments: how far it has risen above its lowest point since the start
+    audit_dis_trend   log s_t(audit_dis) / s_{t-L}(audit_dis)        the audit RMs' disagreement's long growth
+    kl_curvature      (s_t(kl) - 2 s_{t-h}(kl) + s_{t-2h}(kl)) / b(H)   the KL's long-window second difference
+
 The warning score is a logistic model of the features, p = sigmoid(b + sum_i w_i (f_i - m_i) / s_i),
 fit by `python -m analysis.detector fit` on runs whose gold truth is known (harness.metrics.GoldTruth)
 and scored out of sample; its parameters are a JSON file (`DetectorParams`, with the provenance of
@@ -60,7 +73,7 @@ def _log_ratio(a: float, b: float) -> float:
 @dataclass(frozen=True)
 class Feature:
     family: str
-    """base | diversity | audit | forecast: the signal family it belongs to (the ablation's unit)."""
+    """base | diversity | audit | forecast | trend: the signal family it belongs to (the ablation's unit)."""
     signals: tuple[str, ...]
     """The SIGNALS it reads."""
     fn: Callable[[dict[str, float], dict[str, float], dict[str, float]], float]
@@ -96,9 +109,19 @@ FEATURES: dict[str, Feature] = {
     "audit_disagreement": Feature("audit", ("audit_dis",), lambda s, b, old: _log_ratio(s["audit_dis"], b["audit_dis"])),
     # a forecast: where the held-out reward peaks against sqrt(KL) (Gao et al. 2022), fit online (GaoFit)
     "audit_peak": Feature("forecast", ("audit", "audit_std", "kl", "length"), lambda s, b, old: 0.0),
+    # trends over TREND_WINDOWS windows (computed by Features from its longer history; the fn is a stand-in)
+    "gap_trend": Feature("trend", ("audit", "audit_std", "rm", "rm_std"), lambda s, b, old: 0.0),
+    "gap_cusum": Feature("trend", ("audit", "audit_std", "rm", "rm_std"), lambda s, b, old: 0.0),
+    "audit_dis_trend": Feature("trend", ("audit_dis",), lambda s, b, old: 0.0),
+    "kl_curvature": Feature("trend", ("kl", "entropy"), lambda s, b, old: 0.0),
 }
 """Feature name -> its family, the signals it reads and how (every one relative to the run's own start)."""
-FAMILIES = ("base", "diversity", "audit", "forecast")
+FAMILIES = ("base", "diversity", "audit", "forecast", "trend")
+TREND = tuple(n for n, f in FEATURES.items() if f.family == "trend")
+TREND_WINDOWS = 3
+"""The trend family's span, in windows (L = TREND_WINDOWS * window steps)."""
+AUDIT_SIGNALS = ("audit", "audit_std", "audit_dis")
+"""The signals only a run with audit reward models logs."""
 BASE_FEATURES = [n for n, f in FEATURES.items() if f.family == "base"]
 """Today's features (a detector file written before the new families names only these)."""
 
@@ -107,6 +130,20 @@ def family_features(families: Iterable[str]) -> list[str]:
     """The features of these families, in FEATURES order."""
     fams = set(families)
     return [n for n, f in FEATURES.items() if f.family in fams]
+
+
+def reads_audit(features: Iterable[str]) -> bool:
+    """Whether these features read a signal of the audit reward models (a run without them cannot have it)."""
+    return any(s in AUDIT_SIGNALS for n in features for s in FEATURES[n].signals)
+
+
+def least_squares_slope(ys: list[float]) -> float:
+    """The slope per step of the least-squares line through ys at steps 0, 1, ... (0 for fewer than 2)."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    xm, ym = (n - 1) / 2, sum(ys) / n
+    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
 
 
 def signals_of(features: Iterable[str]) -> dict[str, str]:
@@ -176,6 +213,11 @@ class Features:
         self.recent: deque[dict[str, float]] = deque(maxlen=window)
         self.past: deque[dict[str, float]] = deque(maxlen=window + 1)
         self.gao = GaoFit(window) if "audit_peak" in self.names else None
+        self.trend = [n for n in self.names if n in TREND]
+        span = TREND_WINDOWS * window
+        self.long_raw: deque[dict[str, float]] = deque(maxlen=span)  # the raw signals of the last L steps
+        self.long_s: deque[dict[str, float]] = deque(maxlen=span + 1)  # the smoothed ones of the last L + 1
+        self.gap_min: float | None = None
         self.n = 0
 
     def update(self, metrics: dict[str, float]) -> dict[str, float] | None:
@@ -194,17 +236,42 @@ class Features:
         if self.gao is not None and self.n > self.baseline_steps:
             d = math.sqrt(max(s["kl"], 0.0) * max(s["length"], 0.0))
             peak = self.gao.update(d, (s["audit"] - b["audit"]) / max(b["audit_std"], EPS))
+        trend = self._trend(raw, s, b) if self.trend else {}
         if self.n < self.baseline_steps + self.window:
             return None
         old = self.past[0]
         out = {name: FEATURES[name].fn(s, b, old) for name in self.names}
         if peak is not None:
             out["audit_peak"] = peak
+        out.update(trend)
+        return out
+
+    def _trend(self, raw: dict[str, float], s: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        """The trend family's features this step (module docstring), its history updated."""
+        self.long_raw.append(raw)
+        self.long_s.append(s)
+        out: dict[str, float] = {}
+        if "gap_trend" in self.trend or "gap_cusum" in self.trend:
+            rs, aus = max(b["rm_std"], EPS), max(b["audit_std"], EPS)
+            if "gap_trend" in self.trend:
+                out["gap_trend"] = self.window * least_squares_slope([r["rm"] / rs - r["audit"] / aus for r in self.long_raw])
+            if "gap_cusum" in self.trend:
+                gap = (s["rm"] - b["rm"]) / rs - (s["audit"] - b["audit"]) / aus
+                if self.n >= self.baseline_steps:  # the start is known (b fixed) from here on
+                    self.gap_min = gap if self.gap_min is None else min(self.gap_min, gap)
+                out["gap_cusum"] = 0.0 if self.gap_min is None else gap - self.gap_min
+        if "audit_dis_trend" in self.trend:
+            out["audit_dis_trend"] = _log_ratio(s["audit_dis"], self.long_s[0]["audit_dis"])
+        if "kl_curvature" in self.trend:
+            h = (len(self.long_s) - 1) // 2
+            mid, first = self.long_s[-1 - h]["kl"], self.long_s[-1 - 2 * h]["kl"]
+            out["kl_curvature"] = (s["kl"] - 2 * mid + first) / max(b["entropy"], EPS)
         return out
 
     def state_dict(self) -> dict:
         return {"start": list(self.start), "recent": list(self.recent), "past": list(self.past), "n": self.n,
-                "gao": None if self.gao is None else self.gao.state_dict()}
+                "gao": None if self.gao is None else self.gao.state_dict(),
+                "long_raw": list(self.long_raw), "long_s": list(self.long_s), "gap_min": self.gap_min}
 
     def load_state_dict(self, st: dict) -> None:
         self.start, self.n = list(st["start"]), int(st["n"])
@@ -212,6 +279,9 @@ class Features:
         self.past = deque(st.get("past", []), maxlen=self.window + 1)  # a checkpoint of older code: refilled
         if self.gao is not None and st.get("gao"):
             self.gao.load_state_dict(st["gao"])
+        self.long_raw = deque(st.get("long_raw", []), maxlen=self.long_raw.maxlen)  # older code: refilled
+        self.long_s = deque(st.get("long_s", []), maxlen=self.long_s.maxlen)
+        self.gap_min = st.get("gap_min")
 
 
 FeatureName = Annotated[str, Field(pattern="^(" + "|".join(FEATURES) + ")$")]
@@ -275,7 +345,7 @@ def resolve_params(spec: str, has_audit: bool = True) -> DetectorParams | None:
 
 def needs_audit(params: DetectorParams) -> bool:
     """Whether the detector reads the audit reward models' signals."""
-    return any(FEATURES[n].family in ("audit", "forecast") for n in params.features)
+    return reads_audit(params.features)
 
 
 @dataclass

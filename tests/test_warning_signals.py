@@ -14,7 +14,8 @@ from harness import keys as K
 from harness import signals, tracking
 from harness.config import ConfigError, load_config
 from harness.detector import (
-    BASE_FEATURES, FEATURES, DetectorParams, Features, GaoFit, family_features, needs_audit, replay,
+    BASE_FEATURES, FEATURES, TREND, TREND_WINDOWS, DetectorParams, Features, GaoFit, family_features,
+    least_squares_slope, needs_audit, reads_audit, replay,
 )
 from harness.train import train
 from helpers import fast_overrides
@@ -146,6 +147,102 @@ def test_features_by_family_and_the_signals_they_need():
     with pytest.raises(KeyError, match="audit/score_mean"):
         Features(3, 2, ["audit_gain"]).update(base_only)
     Features(3, 2).update(base_only)  # today's features need no audit signal
+
+
+# ------------------------------------------------------------------ the trend family (measured, not adopted)
+def trend_stream(n: int, *, rm=lambda t: 0.0, audit=lambda t: 0.0, dis=lambda t: 0.5, kl=lambda t: 0.01 * t,
+                 rm_std: float = 1.0, audit_std: float = 1.0, entropy: float = 2.0) -> list[dict[str, float]]:
+    """stream()'s signals with the proxy RM, the audit RMs' mean and disagreement and the KL as given."""
+    return [{**m, K.RM_SCORE: rm(t), K.RM_SCORE_STD: rm_std, K.AUDIT_MEAN: audit(t), K.AUDIT_STD: audit_std,
+             K.AUDIT_DISAGREEMENT: dis(t), K.KL_K3: kl(t), K.ENTROPY: entropy} for t, m in enumerate(stream(n))]
+
+
+def trend_features(rows, window: int = 3, baseline_steps: int = 2, names=TREND) -> list[dict[str, float] | None]:
+    f = Features(window, baseline_steps, names)
+    return [f.update(m) for m in rows]
+
+
+def test_least_squares_slope():
+    assert least_squares_slope([1.0, 3.0, 5.0, 7.0]) == pytest.approx(2.0)
+    assert least_squares_slope([0.0, 1.0, 0.0, 1.0]) == pytest.approx(0.2)  # 3 / 15 by hand
+    assert least_squares_slope([4.0]) == least_squares_slope([]) == 0.0
+
+
+def test_trend_features_on_streams_of_known_shape():
+    window, span = 3, TREND_WINDOWS * 3
+    # the proxy climbs 0.1 a step in spreads of 2, the audit RMs 0.02 a step in spreads of 0.5: the gap
+    # grows (0.05 - 0.04) = 0.01 a step, 0.03 a window
+    out = trend_features(trend_stream(40, rm=lambda t: 0.1 * t, rm_std=2.0, audit=lambda t: 0.02 * t, audit_std=0.5))
+    assert out[window] is None and out[window + 1] is not None  # the same steps as every other family
+    assert out[-1]["gap_trend"] == pytest.approx(0.03)
+    # a gap rising throughout: all of it since the start (trailing mean of steps 37-39 less the start, 0-1)
+    assert out[-1]["gap_cusum"] == pytest.approx(0.01 * (38 - 0.5))
+    # disagreement growing 5% a step: the ratio of trailing means L steps apart is exp(0.05 L) exactly
+    out = trend_features(trend_stream(40, dis=lambda t: 0.5 * math.exp(0.05 * t)))
+    assert out[-1]["audit_dis_trend"] == pytest.approx(0.05 * span)
+    assert out[-1]["kl_curvature"] == pytest.approx(0.0, abs=1e-12)  # KL linear in t: no curvature
+    # KL = c t^2: the second difference of its trailing mean over h steps is 2 c h^2, in the start's entropy
+    out = trend_features(trend_stream(40, kl=lambda t: 0.001 * t * t, entropy=2.0))
+    h = span // 2
+    assert out[-1]["kl_curvature"] == pytest.approx(2 * 0.001 * h * h / 2.0)
+    assert out[-1]["gap_trend"] == out[-1]["gap_cusum"] == out[-1]["audit_dis_trend"] == 0.0
+
+
+def test_the_gap_cusum_counts_the_rise_from_the_gaps_lowest_point():
+    """The audit RMs first rise faster than the proxy (the gap falls), then stop while it climbs on."""
+    rows = trend_stream(44, rm=lambda t: 0.1 * t, audit=lambda t: 0.2 * min(t, 25))
+    out = trend_features(rows, names=TREND + ("audit_gap",))
+    gaps = [x["audit_gap"] for x in out if x is not None]
+    cusum = [x["gap_cusum"] for x in out if x is not None]
+    low = gaps.index(min(gaps))
+    assert 20 < low < 35 and all(c == 0.0 for c in cusum[:low + 1])  # while the gap falls: nothing
+    assert cusum[-1] == pytest.approx(gaps[-1] - min(gaps)) and cusum[-1] > 1.0
+    assert gaps[-1] < 0  # audit_gap is still below the start's: only the drift statistic sees the turn
+    assert out[-1]["gap_trend"] == pytest.approx(0.1 * 3)  # the last L steps: the proxy alone climbs
+
+
+def test_trend_features_are_scale_free_online_and_survive_a_checkpoint():
+    rows = trend_stream(50, rm=lambda t: 0.1 * t + 0.01 * (t % 3), audit=lambda t: 0.2 * min(t, 25),
+                        dis=lambda t: 0.3 + 0.01 * t, kl=lambda t: 0.002 * t * t)
+    whole = trend_features(rows)
+    # the same run in other units, with other offsets: the same features
+    scaled = [{**m, K.RM_SCORE: 5 * m[K.RM_SCORE] + 7, K.RM_SCORE_STD: 5 * m[K.RM_SCORE_STD],
+               K.AUDIT_MEAN: 3 * m[K.AUDIT_MEAN] - 1, K.AUDIT_STD: 3 * m[K.AUDIT_STD],
+               K.AUDIT_DISAGREEMENT: 4 * m[K.AUDIT_DISAGREEMENT], K.KL_K3: 2 * m[K.KL_K3], K.ENTROPY: 2 * m[K.ENTROPY]}
+              for m in rows]
+    for x, y in zip(whole[5:], trend_features(scaled)[5:]):
+        assert all(math.isclose(x[k], y[k], rel_tol=1e-9, abs_tol=1e-9) for k in TREND), (x, y)
+    # online: a step's features do not change with what comes after it
+    assert trend_features(rows[:30]) == whole[:30]
+    # a run killed at step 20 and resumed from its checkpoint goes on as if never killed
+    first = Features(3, 2, TREND)
+    for m in rows[:20]:
+        first.update(m)
+    resumed = Features(3, 2, TREND)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert [resumed.update(m) for m in rows[20:]] == whole[20:]
+
+
+def test_trend_features_need_the_audit_rms_where_they_read_them():
+    assert set(family_features(["trend"])) == set(TREND) == {"gap_trend", "gap_cusum", "audit_dis_trend", "kl_curvature"}
+    assert reads_audit(["gap_trend"]) and reads_audit(family_features(["base", "trend"]))
+    assert not reads_audit(["kl_curvature"]) and not reads_audit(BASE_FEATURES)
+    p = DetectorParams(features=["gap_cusum"], mean=[0.0], scale=[1.0], coef=[1.0], intercept=0.0, threshold=0.5)
+    assert needs_audit(p) and not needs_audit(dataclasses.replace(p, features=["kl_curvature"]))
+    with pytest.raises(KeyError, match="audit/disagreement"):
+        Features(3, 2, ["audit_dis_trend"]).update({k: v for k, v in stream(1)[0].items() if k != K.AUDIT_DISAGREEMENT})
+
+
+def test_the_default_family_ablation_leaves_the_trend_family_out():
+    """Measured, not adopted (bench/RESULTS.md session 16): the default sets, and so the detector they
+    choose, are session 15's; `families --trend` adds the trend sets."""
+    from analysis import detector as D
+
+    assert not any("trend" in fams for fams in D.FAMILY_SETS.values())
+    assert D.FAMILY_SETS["every family"] == ("base", "diversity", "audit", "forecast")
+    assert all("trend" in fams for fams in D.TREND_SETS.values())
+    args = D.build_parser().parse_args(["families", "--trend"])
+    assert args.trend and not D.build_parser().parse_args(["families"]).trend
 
 
 def test_a_detector_on_the_forecast_warns_when_the_held_out_reward_turns(tmp_path):
