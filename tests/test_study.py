@@ -233,10 +233,12 @@ def test_mlflow_tracking_uri_is_the_store_of_every_writer_and_reader_and_a_flag_
     (tmp_path / "ablations").mkdir()
     tiny_grid(tmp_path / "ablations", tiny_world, "env_grid")
     sweep_file = write_sweep(tmp_path / "ablations", tiny_world, "env_sweep", trials=2)
+    # fake training here (tests/fakes.py: the store the task's config names, as harness.train's); the real
+    # trainer's workers are the last runner's, below
     for module, argv in (("harness.ablate", ["env_grid", "--variant", VARIANTS[0]]),
                          ("harness.sweep", [str(sweep_file)])):
         log = tmp_path / f"{module}.log"
-        with started(module, argv, tmp_path, log) as proc:
+        with started(module, argv, tmp_path, log, command=runner_command(module, *argv)) as proc:
             assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
 
     assert {r.info.status for r in runs_in(env_uri, "env_grid")} == {"FINISHED"}

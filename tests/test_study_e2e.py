@@ -112,7 +112,7 @@ def started_steps(tmp_path: Path, run) -> int:
 
 @pytest.mark.slow
 def test_kill_9_of_the_runner_resumes_its_run_and_trains_no_configuration_twice(tmp_path, tiny_world, capsys):
-    steps = 200  # long enough for the kill to land inside a run
+    steps = 40  # long enough for the kill to land inside a run (polled every 0.3 s, a step ~0.1 s)
     path = study_file(tmp_path, steps=steps, trials=2, world_dir=tiny_world)
     spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
