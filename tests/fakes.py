@@ -52,6 +52,8 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
         run_id = tracking.start_run(uri, log["experiment"], log["run_name"],
                                     tags={**log["tags"], **task.tags, K.TAG_ROLE: "train", K.TAG_SEED: str(seed), **parent})
         start = 0
+        state.write_text(json.dumps({"run_id": run_id, "step": 0}))  # as harness.train's run.json: a run killed
+        # before its first step is resumed into the same run, from step 0
     tracking.set_tags(uri, run_id, {K.TAG_PID: str(os.getpid())})
     logger = tracking.MetricLogger(uri, run_id)
     try:
@@ -84,4 +86,9 @@ if __name__ == "__main__":
     from fakes import fake_train as by_name  # pickled by its module's name, which the workers import
 
     register_task_kind("train", by_name)
+    # this process runs fake tasks alone: its fork server imports what they need, not the trainer's torch and
+    # transformers (~5 s of a core per runner process)
+    from harness.launch import run_context
+
+    run_context().set_forkserver_preload(["fakes", "mlflow.store.tracking.sqlalchemy_store", "sqlalchemy.dialects.sqlite"])
     sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[2:]))
