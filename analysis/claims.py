@@ -33,8 +33,16 @@ import numpy as np
 import pandas as pd
 
 from analysis.stats import (
-    INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, REPRODUCED, WORLD_DEPENDENT, Comparison, censor, compare_strata,
-    compare_to_strata, rate_strata,
+    INCONCLUSIVE,
+    MIN_SEEDS,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    WORLD_DEPENDENT,
+    Comparison,
+    censor,
+    compare_strata,
+    compare_to_strata,
+    rate_strata,
 )
 from analysis.store import STORE_OPTIONS, AblationData, load_ablation
 from harness import keys as K

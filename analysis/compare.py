@@ -37,13 +37,19 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
-
 from scipy.stats import t as student_t
 
 from analysis.claims import check_claims, on_worlds
 from analysis.stats import ALPHA
 from analysis.store import (
-    RUN_COLUMNS, STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, distinct_values, load_ablation, store_missing,
+    RUN_COLUMNS,
+    STORE_OPTIONS,
+    AblationData,
+    ablations_in_store,
+    default_tracking_uri,
+    distinct_values,
+    load_ablation,
+    store_missing,
     world_name,
 )
 from harness import keys as K

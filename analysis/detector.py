@@ -46,8 +46,20 @@ from harness import keys as K
 from harness import tracking
 from harness.config import CollapseConfig, from_dict
 from harness.detector import (
-    BASE_FEATURES, BASE_SIGNALS, DEFAULT_PARAMS, FAMILIES, FEATURES, SIGNALS, DetectorParams, Features, family_features,
-    load_params, reads_audit, replay, resolve_params, signals_of,
+    BASE_FEATURES,
+    BASE_SIGNALS,
+    DEFAULT_PARAMS,
+    FAMILIES,
+    FEATURES,
+    SIGNALS,
+    DetectorParams,
+    Features,
+    family_features,
+    load_params,
+    reads_audit,
+    replay,
+    resolve_params,
+    signals_of,
 )
 from harness.metrics import IndicatorRule, gold_onset
 from harness.schema import ConfigError, parse_value

@@ -27,8 +27,14 @@ from matplotlib.ticker import EngFormatter, LogFormatter, MaxNLocator
 from analysis.store import STORE_OPTIONS, AblationData, load_ablation, smoothing
 from harness import keys as K
 from harness import tracking
-from harness.registry import EVAL_RM_SCORE_HIST, RM_ACCURACY, RM_SCORE_DIFF_HIST, SPECIAL_PANELS
-from harness.registry import RegistryError, UnknownAblation
+from harness.registry import (
+    EVAL_RM_SCORE_HIST,
+    RM_ACCURACY,
+    RM_SCORE_DIFF_HIST,
+    SPECIAL_PANELS,
+    RegistryError,
+    UnknownAblation,
+)
 from harness.tracking import redact
 
 PANEL_LABELS = {

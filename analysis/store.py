@@ -27,7 +27,13 @@ import pandas as pd
 from harness import keys as K
 from harness import tracking
 from harness.registry import (
-    STANDARD_PANELS, Registry, UnknownAblation, Variant, ablation_names, find_ablation, load_registry,
+    STANDARD_PANELS,
+    Registry,
+    UnknownAblation,
+    Variant,
+    ablation_names,
+    find_ablation,
+    load_registry,
 )
 from harness.schema import did_you_mean
 from harness.summary import reduce_run

@@ -46,9 +46,29 @@ import pandas as pd
 from analysis.compare import rounded
 from analysis.store import STUDY_OPTIONS
 from analysis.tricks_data import (  # noqa: F401 - the analysis's parts, one import away
-    BOOTSTRAP, EVALUATORS, IMPORTANCE_BOOTSTRAP, LEVEL, MIN_CONFIGS, NOT_DRAWN, QUANTILE, TOP, StudyData, best_config,
-    importances, interaction, interactions, load_study, on_world, pair_table, percentile_ci, provenance_of, throughput,
-    top_mask, trial_params, value_table, world_agreement,
+    BOOTSTRAP,
+    EVALUATORS,
+    IMPORTANCE_BOOTSTRAP,
+    LEVEL,
+    MIN_CONFIGS,
+    NOT_DRAWN,
+    QUANTILE,
+    TOP,
+    StudyData,
+    best_config,
+    importances,
+    interaction,
+    interactions,
+    load_study,
+    on_world,
+    pair_table,
+    percentile_ci,
+    provenance_of,
+    throughput,
+    top_mask,
+    trial_params,
+    value_table,
+    world_agreement,
 )
 from harness.schema import ConfigError, read_yaml
 

@@ -27,7 +27,16 @@ import numpy as np
 import pandas as pd
 
 from analysis.claims import RANK, Unjudged, equivalence
-from analysis.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Comparison, censor, compare, compare_to, rate_vs_half
+from analysis.stats import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Comparison,
+    censor,
+    compare,
+    compare_to,
+    rate_vs_half,
+)
 from analysis.tricks_data import NOT_DRAWN, StudyData
 from harness import design, tracking
 from harness import keys as K

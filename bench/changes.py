@@ -87,11 +87,11 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
+    import harness.trainer as T
     from bench.common import build
     from bench.harness_step import bench_config
     from harness.data import PromptSource
     from harness.models import Models
-    import harness.trainer as T
 
     torch.set_num_threads(args.threads)
     models_dir = build(args.size, args.models_dir)

@@ -126,7 +126,7 @@ def words(vocab: int) -> list[str]:
 
 def build_tokenizer(vocab: int, out: Path):
     """A word-level tokenizer trained with `tokenizers` on a generated corpus, vocab padded to `vocab`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(0)

@@ -35,10 +35,10 @@ def child(world: str, mode: str, calls: int) -> dict:
     block-static), and the seconds the first compiled calls took beyond eager ones."""
     import torch
     import torch.nn.functional as F
+    from world_step import world_trainer
 
     import harness.gpt2 as gpt2
     import harness.rollout as rollout
-    from world_step import world_trainer
 
     trainer = world_trainer(world, 10)
     for _ in range(3):  # a policy a few updates in, as in a run

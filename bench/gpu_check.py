@@ -254,7 +254,8 @@ def ensure_world(a: argparse.Namespace) -> list[str]:
     """The world the runs use, as it is where one is built (whatever its config: a built world is never
     rebuilt here); where none is, a TINY one with --tiny (seconds), the default one with --build-world
     (~2 min), else a problem naming the command."""
-    from harness.world import TINY as TINY_WORLD, build_world, load_world_config
+    from harness.world import TINY as TINY_WORLD
+    from harness.world import build_world, load_world_config
 
     world = Path(a.world)
     if (world / "world.json").is_file():

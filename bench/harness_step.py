@@ -39,7 +39,7 @@ def bench_config(models: Path, steps: int, workdir: Path, overrides: list[str]):
                     "output_dir": str(workdir / "runs"), "sample_every": 0, "eval_every": 0, "checkpoint_every": 0,
                     "progress": False},
     }
-    from harness.config import merge, parse_overrides, from_dict
+    from harness.config import from_dict, merge, parse_overrides
 
     return from_dict(merge(base, parse_overrides(overrides)))
 

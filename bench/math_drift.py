@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "tests"))
     import test_fixed_seed_step as t
+
     from harness.config import parse_overrides, set_dotted
 
     over = parse_overrides(args.overrides)

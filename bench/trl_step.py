@@ -40,9 +40,9 @@ def main(argv=None) -> int:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
     from transformers.utils import logging as hf_logging
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     from bench.common import BATCH, MINIBATCHES, PPO_EPOCHS, RESPONSE_LEN, THREADS
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -78,7 +78,6 @@ def kind_of(name: str) -> str:
 def child(world: str, steps: int, warmup: int) -> dict:
     """warmup + steps timed + steps profiled world-scale steps in this process (1 thread)."""
     from torch.profiler import ProfilerActivity, profile
-
     from world_step import lengths, run_config, world_trainer
 
     trainer = world_trainer(world, warmup + 2 * steps)

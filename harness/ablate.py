@@ -21,15 +21,30 @@ from pathlib import Path
 from typing import Any
 
 from . import keys as K
-from . import summary as S
 from . import prog, tracking
+from . import summary as S
 from .registry import (
-    Registry, UnknownAblation, default_ablations_dir, find_ablation, format_axis_value, load_registry, parse_seeds,
+    Registry,
+    UnknownAblation,
+    default_ablations_dir,
+    find_ablation,
+    format_axis_value,
+    load_registry,
+    parse_seeds,
     registry_files,
 )
 from .schema import ConfigError, merge, parse_overrides, to_dict
 from .study import (
-    Outcome, Progress, Study, StudyBusy, Task, Tasks, add_executor_args, cluster_params, executor_problems, fmt_duration,
+    Outcome,
+    Progress,
+    Study,
+    StudyBusy,
+    Task,
+    Tasks,
+    add_executor_args,
+    cluster_params,
+    executor_problems,
+    fmt_duration,
     plan,
 )
 from .tracking import redact

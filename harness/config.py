@@ -19,8 +19,28 @@ from pydantic import AfterValidator, Field
 
 from . import schema
 from .algorithms import names
-from .schema import Batch, Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, Str, Unit, section, to_dict
-from .schema import iter_fields, merge, parse_overrides, parse_value, read_yaml, set_dotted  # noqa: F401 - the code imports them from here
+from .schema import (  # noqa: F401 - the code imports them from here
+    Batch,
+    Bool,
+    ConfigError,
+    Count,
+    Float,
+    Int,
+    NonNeg,
+    Pos,
+    PosCount,
+    Seed,
+    Str,
+    Unit,
+    iter_fields,
+    merge,
+    parse_overrides,
+    parse_value,
+    read_yaml,
+    section,
+    set_dotted,
+    to_dict,
+)
 
 Tokens = Annotated[Int, Field(ge=1, le=1_000_000)]
 # The registries' names, read without torch (`harness.algorithms.names`): registering an estimator or a

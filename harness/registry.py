@@ -19,7 +19,19 @@ from pydantic import Field
 from . import keys as K
 from .config import Name, TrainConfig, config_hash, flatten, from_dict
 from .rules import Claim, check_claims
-from .schema import ConfigError, Int, Seed, did_you_mean, leaf_keys, merge, one_of, read_yaml, section, to_dict, validate
+from .schema import (
+    ConfigError,
+    Int,
+    Seed,
+    did_you_mean,
+    leaf_keys,
+    merge,
+    one_of,
+    read_yaml,
+    section,
+    to_dict,
+    validate,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS_DIR = REPO_ROOT / "ablations"

@@ -45,8 +45,8 @@ import filelock
 from . import keys as K
 from . import tracking
 from .launch import EXECUTORS, LAUNCHERS, launch_train
-from .lease import SETTLE_S, Lease, LeaseHeld
 from .launch import executor as make_executor
+from .lease import SETTLE_S, Lease, LeaseHeld
 
 TAG_STUDY_HASH = "harness.study_hash"
 """On a parent run: the identity of its study (a grid's runs, a sweep's name); a rerun reopens it."""

@@ -30,14 +30,24 @@ from optuna.trial import TrialState
 
 from harness import design, keys, prog, schema, tracking
 from harness.schema import ConfigError
-from harness.study import (
-    Progress, Study, StudyBusy, add_executor_args, cluster_params, executor_problems,
-)
+from harness.study import Progress, Study, StudyBusy, add_executor_args, cluster_params, executor_problems
 from harness.sweepfile import (
-    Dimension, StudyObjective, SweepFile, SweepSpec, fmt_value, load_sweep, make_pruner, make_sampler,
+    Dimension,
+    StudyObjective,
+    SweepFile,
+    SweepSpec,
+    fmt_value,
+    load_sweep,
+    make_pruner,
+    make_sampler,
 )
 from harness.sweepstore import (
-    ATTR_PARENT_RUNS, ATTR_SWEEP, HEARTBEAT_S, database_identity, default_storage_url, make_storage,
+    ATTR_PARENT_RUNS,
+    ATTR_SWEEP,
+    HEARTBEAT_S,
+    database_identity,
+    default_storage_url,
+    make_storage,
 )
 from harness.trials import Heartbeat, TrialSource, made_up, make_up, trial_counts
 from harness.worlds import build_worlds

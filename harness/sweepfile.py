@@ -23,7 +23,6 @@ from harness.registry import resolve_file, world_dirs, world_problems
 from harness.schema import Bool, ConfigError, Count, Float, Int, NonNeg, Pos, PosCount, Seed, section
 from harness.summary import REDUCTIONS
 
-
 # Keys that say where a run is logged, or that the sweep sets itself, are not searched.
 NOT_SEARCHABLE = (*config.BOOKKEEPING, "seed", "distributed.", "ppo.steps")
 Scalar = bool | int | float | str | None

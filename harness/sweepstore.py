@@ -12,7 +12,6 @@ import sqlalchemy
 from harness import schema, tracking
 from harness.schema import ConfigError
 
-
 ATTR_OUTCOME = "outcome"  # trial user attr, set once a trial reached an outcome
 ATTR_SWEEP = "sweep"  # study user attr: the resolved sweep (space, objective, ...) that analysis reads
 ATTR_PARENT_RUNS = "mlflow_parent_runs"  # study user attr: {masked tracking URI: parent run id}

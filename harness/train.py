@@ -23,7 +23,15 @@ from . import keys, parallel, prog, provenance, statefile, tracking
 from .algorithms import names
 from .algorithms.estimators import NEEDS_CRITIC
 from .config import (
-    ConfigError, TrainConfig, computed_fields, config_hash, flatten, help_text, load_config, to_dict, to_yaml,
+    ConfigError,
+    TrainConfig,
+    computed_fields,
+    config_hash,
+    flatten,
+    help_text,
+    load_config,
+    to_dict,
+    to_yaml,
 )
 from .metrics import Monitor
 

@@ -17,18 +17,45 @@ import torch
 
 from . import keys, signals
 from .algorithms import (
-    POLICY_LOSSES, KLController, RunningMeanStd, entropy_term, kl_per_token, masked_mean,
-    masked_var, masked_whiten, perplexity, process_scores, token_rewards, value_loss,
+    POLICY_LOSSES,
+    KLController,
+    RunningMeanStd,
+    entropy_term,
+    kl_per_token,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    perplexity,
+    process_scores,
+    token_rewards,
+    value_loss,
 )
-from .algorithms.estimators import NEEDS_GREEDY, aggregate, compute_gae, estimate, group_mean_batch_std, informative_groups
+from .algorithms.estimators import (
+    NEEDS_GREEDY,
+    aggregate,
+    compute_gae,
+    estimate,
+    group_mean_batch_std,
+    informative_groups,
+)
 from .algorithms.rewards import overlong_penalty
+from .algorithms.schedule import lr_lambda
 from .config import TrainConfig
 from .data import PromptSource
 from .models import Models, encode_prompt
 from .parallel import DistEnv, Engine, NonFiniteLoss, frozen
 from .rollout import (
-    STREAM_EVAL, STREAM_ROLLOUT, Rollout, counter_hash, critic_values, fuse_activations, last_scores, left_pad,
-    lm_loss, logprobs_and_entropy, sample,
+    STREAM_EVAL,
+    STREAM_ROLLOUT,
+    Rollout,
+    counter_hash,
+    critic_values,
+    fuse_activations,
+    last_scores,
+    left_pad,
+    lm_loss,
+    logprobs_and_entropy,
+    sample,
 )
 
 
@@ -163,20 +190,6 @@ class Forwards:
             return critic_values(t.critic, x.seq[rows], x.attn[rows], x.P, t.pack).float()
 
 
-def lr_lambda(cfg: TrainConfig, total_updates: int):
-    warm, kind = cfg.ppo.warmup_steps, cfg.ppo.lr_schedule
-
-    def f(update: int) -> float:
-        if warm and update < warm:
-            return (update + 1) / warm
-        if kind == "constant":
-            return 1.0
-        frac = min(1.0, (update - warm) / max(1, total_updates - warm))
-        return 1.0 - frac if kind == "linear" else 0.5 * (1 + math.cos(math.pi * frac))
-
-    return f
-
-
 def eval_summary(pol: dict, sft: dict) -> tuple[dict[str, float], dict]:
     """Eval metrics from the policy's and the SFT model's held-out scores (dicts of per-prompt
     lists: rm, gold, length), and the scores to log as an artifact. Win rate: the policy's gold
@@ -205,7 +218,7 @@ class PPOTrainer:
             if model is not None:
                 fuse_activations(model)  # GPT-2's gelu_new in one cheap form: same function (rollout.GELUTanh)
         p, d = cfg.ppo, cfg.distributed
-        schedule = lr_lambda(cfg, max(1, p.steps * p.ppo_epochs * p.num_minibatches))
+        schedule = lr_lambda(p.warmup_steps, p.lr_schedule, max(1, p.steps * p.ppo_epochs * p.num_minibatches))
         self.policy = Engine(models.policy, p.policy_lr, schedule, cfg, env, device)
         # critic-free estimators (`Models` built no critic): no critic forward, update, pretraining or val/ metrics
         self.critic = None if models.critic is None else Engine(models.critic, p.critic_lr, schedule, cfg, env, device)

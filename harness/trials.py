@@ -32,7 +32,6 @@ from harness.summary import by_step, reduce_run
 from harness.sweepfile import Objective, StudyObjective, SweepSpec, build_config, fmt_value, trial_config
 from harness.sweepstore import ATTR_OUTCOME, fail_stale
 
-
 ATTR_RUNNER = "runner"
 """Trial user attr: the runner that asked it ({host, pid, started}: a pid with its start time is one process)."""
 LOOK_S = 1.0

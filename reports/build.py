@@ -31,7 +31,15 @@ from reportlab.lib.utils import ImageReader
 from reportlab.pdfbase.pdfmetrics import getRegisteredFontNames, registerFont, stringWidth
 from reportlab.pdfbase.ttfonts import TTFont
 from reportlab.platypus import (
-    CondPageBreak, Image, KeepTogether, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle,
+    CondPageBreak,
+    Image,
+    KeepTogether,
+    PageBreak,
+    Paragraph,
+    SimpleDocTemplate,
+    Spacer,
+    Table,
+    TableStyle,
 )
 
 from analysis import detector
@@ -39,7 +47,12 @@ from analysis.claims import check_claims, log_claims
 from analysis.figures import make_figures
 from analysis.stats import ALPHA, INCONCLUSIVE, MIN_SEEDS, NOT_REPRODUCED, POWER, REPRODUCED, WORLD_DEPENDENT
 from analysis.store import (
-    STORE_OPTIONS, AblationData, ablations_in_store, default_tracking_uri, load_ablation, smoothing,
+    STORE_OPTIONS,
+    AblationData,
+    ablations_in_store,
+    default_tracking_uri,
+    load_ablation,
+    smoothing,
 )
 from harness import keys as K
 from harness import provenance, tracking

@@ -35,9 +35,9 @@ def detector_file(tmp_path):
 def fake_training(monkeypatch):
     """Train tasks of the runners in this process (and their workers) are tests/fakes.py's fake_train:
     milliseconds a step, the store and run folders as real runs leave them."""
-    from fakes import fake_train
-
     from harness import study
+
+    from fakes import fake_train
 
     monkeypatch.setattr(study, "TASK_KINDS", dict(study.TASK_KINDS))  # the built-in table back after the test
     study.register_task_kind("train", fake_train)

@@ -20,11 +20,11 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from helpers import STEPS, VARIANTS, tiny_grid, write_sweep
-
 from harness import ablate
 from harness import keys as K
 from harness import summary as S
+
+from helpers import STEPS, VARIANTS, tiny_grid, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -5,8 +5,17 @@ import pytest
 import torch
 
 from harness.algorithms import (
-    KLController, RunningMeanStd, compute_gae, entropy_term, kl_per_token, masked_mean,
-    masked_whiten, perplexity, process_scores, token_rewards, value_loss,
+    KLController,
+    RunningMeanStd,
+    compute_gae,
+    entropy_term,
+    kl_per_token,
+    masked_mean,
+    masked_whiten,
+    perplexity,
+    process_scores,
+    token_rewards,
+    value_loss,
 )
 from harness.algorithms.losses import apa_loss, awr_loss, ppo_loss
 
@@ -168,3 +177,12 @@ def test_adaptive_kl_controller_moves_toward_target():
     assert math.isclose(c.value, 0.1 * (1 + 0.2 * 32 / 100))
     c.update(0.05, n_samples=32)  # error -0.5 clipped to -0.2
     assert c.value < 0.1 * (1 + 0.2 * 32 / 100)
+
+
+def test_lr_schedule_warms_up_then_decays_by_its_kind():
+    from harness.algorithms.schedule import lr_lambda
+
+    assert [lr_lambda(4, "cosine", 104)(u) for u in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_lambda(4, "cosine", 104)(54) == pytest.approx(0.5) and lr_lambda(4, "cosine", 104)(104) == pytest.approx(0)
+    assert lr_lambda(0, "linear", 100)(25) == pytest.approx(0.75) and lr_lambda(0, "linear", 100)(200) == 0
+    assert lr_lambda(0, "constant", 100)(99) == 1.0

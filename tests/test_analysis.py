@@ -16,10 +16,12 @@ from analysis.store import find_runs, load_ablation, resolve_spec
 from analysis.synthetic import Curve, write_ablation, write_world_ablation
 from harness import keys as K
 from harness import tracking
-from reports.build import final_peak_table
 from harness.registry import UnknownAblation, ablation_names, find_ablation, load_registry
 from harness.rules import Claim, EvalScoresShift, Margin, PairsAboveChance, Similar
+from reports.build import final_peak_table
+
 from helpers import ETAS, SEEDS, fast_dir, write_registry
+
 
 def write_store(uri: str) -> None:
     """Grids where some claims hold, some fail, some cannot be told apart."""

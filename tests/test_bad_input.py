@@ -5,14 +5,15 @@ reaches, --smooth 0, and --nproc over which the batch does not split. Real sqlit
 from __future__ import annotations
 
 import pytest
-from helpers import grid_argv, runs_in, store_uri, tiny_grid, write_sweep
-from servers import free_port
 
 from analysis import sweep_plots
 from harness import ablate, sweep
 from harness.config import load_config
 from harness.schema import ConfigError
 from reports import build
+
+from helpers import grid_argv, runs_in, store_uri, tiny_grid, write_sweep
+from servers import free_port
 
 BAD_STORAGE = {
     "nonsense": "Could not parse SQLAlchemy URL",

@@ -90,15 +90,17 @@ def test_without_gold_the_detectors_warning_is_the_flag(detector_file):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from analysis import detector as detector_eval  # noqa: E402
 from harness import tracking  # noqa: E402
 from harness.config import load_config  # noqa: E402
 from harness.detector import SIGNALS, load_params  # noqa: E402
 from harness.detector import replay as detector_replay  # noqa: E402
 from harness.train import BEST_POLICY, train  # noqa: E402
-from helpers import fast_overrides  # noqa: E402
-from helpers import write_detector  # noqa: E402
 
-from analysis import detector as detector_eval  # noqa: E402
+from helpers import (
+    fast_overrides,  # noqa: E402
+    write_detector,  # noqa: E402
+)
 
 # the gold truth marks every step after the first as fallen (a margin of -100: "did not rise by 100"),
 # so the run is collapsed at step 2

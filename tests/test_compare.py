@@ -9,6 +9,7 @@ import pytest
 from analysis.compare import band, main, summarize
 from analysis.store import load_ablation
 from analysis.synthetic import Curve, write_ablation
+
 from helpers import ETAS, fast_dir, write_registry
 
 KL_CURVES = {ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002)}

@@ -5,9 +5,7 @@ import sys
 import pytest
 
 from harness.algorithms.names import POLICY_LOSSES
-from harness.config import (
-    ConfigError, TrainConfig, config_hash, from_dict, iter_fields, load_config, to_dict, to_yaml,
-)
+from harness.config import ConfigError, TrainConfig, config_hash, from_dict, iter_fields, load_config, to_dict, to_yaml
 
 
 def write(tmp_path, text, name="c.yaml"):

@@ -10,8 +10,18 @@ import pytest
 
 from harness import keys as K
 from harness import tracking
-from harness.detector import BASE_FEATURES, BASE_SIGNALS, FEATURES, Detector, DetectorParams, Features, load_params, replay
+from harness.detector import (
+    BASE_FEATURES,
+    BASE_SIGNALS,
+    FEATURES,
+    Detector,
+    DetectorParams,
+    Features,
+    load_params,
+    replay,
+)
 from harness.schema import ConfigError
+
 from helpers import stream, write_detector
 
 
@@ -107,10 +117,10 @@ def synthetic_runs() -> list:
     """Collapsing runs (the pattern at steps 30-70, at two speeds) and healthy ones, on two worlds
     and two figure files, seeds 0-5."""
     out = []
-    for world in ("w0", "w1"):
-        for ablation in ("fitfile", "otherfile"):
+    for w, world in enumerate(("w0", "w1")):
+        for a, ablation in enumerate(("fitfile", "otherfile")):
             for seed in range(6):
-                rng = np.random.default_rng(hash((world, ablation, seed)) % 2**32)
+                rng = np.random.default_rng([w, a, seed])  # the same store in every process (str hashes are not)
                 at = int(rng.integers(30, 70))
                 out.append((ablation, "collapses", seed, world, stream(at + 40, at=at, rate=1 + seed % 2, seed=seed)))
                 out.append((ablation, "holds", seed, world, stream(160, seed=seed + 10)))

@@ -4,9 +4,7 @@ import math
 import pytest
 import torch
 
-from harness.algorithms.estimators import (
-    ADV_ESTIMATORS, NEEDS_CRITIC, NEEDS_GREEDY, NEEDS_GROUPS, aggregate, estimate,
-)
+from harness.algorithms.estimators import ADV_ESTIMATORS, NEEDS_CRITIC, NEEDS_GREEDY, NEEDS_GROUPS, aggregate, estimate
 
 
 def outcome_rewards(scores, lengths, T=3):
@@ -23,11 +21,10 @@ def test_config_names_the_registry():
     """harness.config reads the names from the registering files without torch (harness.algorithms.names); they must agree."""
     import typing
 
-    from harness.algorithms.estimators import LOSS_AGGREGATIONS
-    from harness.config import PPOConfig
-
     from harness import config
     from harness.algorithms import estimators
+    from harness.algorithms.estimators import LOSS_AGGREGATIONS
+    from harness.config import PPOConfig
 
     hints = typing.get_type_hints(PPOConfig)
     assert typing.get_args(hints["adv_estimator"]) == tuple(ADV_ESTIMATORS)

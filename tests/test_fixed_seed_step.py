@@ -162,9 +162,10 @@ def test_static_decoder_matches_model_forward(model_root):
     """The GPT-2 sampling fast path gives the model's own KV-cache forward's tokens and log-probs
     (left-padded prompts of mixed length, EOS stops, top-k/top-p), and its sampling-pass entropy
     and log-probs equal a teacher-forced pass over the result."""
+    from transformers import AutoTokenizer
+
     from harness.models import load_causal_lm
     from harness.rollout import StaticGPT2Decoder, counter_hash, left_pad, logprobs_and_entropy, sample
-    from transformers import AutoTokenizer
 
     model = load_causal_lm(str(model_root / "sft")).eval()
     assert StaticGPT2Decoder.supports(model)

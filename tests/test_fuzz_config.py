@@ -17,6 +17,7 @@ from harness.config import ConfigError, TrainConfig, load_config
 from harness.schema import iter_fields, set_dotted
 from harness.train import main as train_main
 from harness.world.config import WorldConfig, load_world_config
+
 from helpers import bad_values, field_parts, mistype
 
 LOADERS = {TrainConfig: load_config, WorldConfig: load_world_config}
@@ -141,9 +142,9 @@ RUN_CASES = {  # valid values this run cannot use: the trainer's CLI refuses eac
 
 @pytest.mark.parametrize("override", list(RUN_CASES))
 def test_values_this_run_cannot_use_exit_2_before_any_run_exists(tiny_world, tmp_path, capsys, override):
-    from helpers import fast_overrides
-
     from harness import tracking
+
+    from helpers import fast_overrides
 
     over = fast_overrides(tiny_world, tmp_path) + [override]
     assert train_main([x for o in over for x in ("--set", o)]) == 2

@@ -21,7 +21,6 @@ from typing import Any, Literal, get_args, get_origin
 
 import pytest
 import yaml
-from helpers import bad_values, field_parts, mistype
 
 from harness import ablate, sweep, sweepfile
 from harness.config import TrainConfig
@@ -29,6 +28,8 @@ from harness.registry import ABLATIONS_DIR, FigureFile
 from harness.rules import RULES
 from harness.schema import iter_fields
 from harness.world.config import WorldConfig
+
+from helpers import bad_values, field_parts, mistype
 
 FIGURE_FILES = ["kl_eta", "estimators", "rm_accuracy"]
 SWEEP_FILE = "sweep_delta_eta"

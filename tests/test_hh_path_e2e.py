@@ -10,6 +10,7 @@ import torch
 from harness import keys, tracking
 from harness.config import ConfigError, load_config
 from harness.train import train
+
 from helpers import HH, hh_tokenizer
 
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import runner_command
-from helpers import alive_in, grid_argv, last_step, runs_in, started, store_uri, tiny_grid, wait_for, write_sweep
 
 from harness import ablate, sweep, tracking
+
+from fakes import runner_command
+from helpers import alive_in, grid_argv, last_step, runs_in, started, store_uri, tiny_grid, wait_for, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 LONG = ["--set", "ppo.steps=100"]  # fake steps: seconds in flight

@@ -9,6 +9,7 @@ from analysis.claims import CLAIM_TAG, CLAIMS_TABLE, TABLE_COLUMNS
 from analysis.synthetic import Curve, write_ablation
 from harness import tracking
 from reports.build import build
+
 from helpers import ETAS, SEEDS, fast_dir, write_registry
 
 

@@ -17,6 +17,7 @@ from harness.data.hh_rlhf import dialogue_messages
 from harness.models import Models, load_tokenizer, preflight
 from harness.parallel import enable_gradient_checkpointing
 from harness.trainer import PPOTrainer
+
 from helpers import HH, word_tokenizer
 
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fakes import runner_command
-from helpers import started, store_uri, wait_for, write_sweep
 from optuna.trial import TrialState
 
 from harness import sweepfile
 from harness.sweepstore import make_storage
 from harness.trials import ATTR_RUNNER, trial_id_of
+
+from fakes import runner_command
+from helpers import started, store_uri, wait_for, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,7 @@ from harness import tracking
 from harness.registry import REPO_ROOT
 from reports.build import COMBINED, build
 from reports.build import main as build_main
+
 from helpers import ETAS, fast_dir, pdf_text, write_registry
 
 SWEEP_YAML = """
@@ -45,6 +46,7 @@ def write_detector_evaluation(folder: Path) -> dict:
     """An evaluation of a hand-set detector on synthetic runs, as `python -m analysis.detector evaluate
     --out FOLDER` writes it (the reports read folder/evaluation.json and folder/detector.png)."""
     from analysis import detector as D
+
     from helpers import stream, write_detector
 
     folder.mkdir(parents=True, exist_ok=True)

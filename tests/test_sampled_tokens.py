@@ -52,6 +52,7 @@ def test_the_trainer_counts_every_rollouts_tokens(tiny_world, tmp_path, extra):
     from harness.data import load_source
     from harness.models import Models
     from harness.trainer import PPOTrainer
+
     from helpers import fast_overrides
 
     cfg = load_config(None, fast_overrides(tiny_world, tmp_path, **extra))

@@ -22,10 +22,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fakes import runner_command
-from helpers import alive_in, last_step, runs_in, started, tiny_grid, wait_for, write_sweep
 from optuna.trial import TrialState
-from servers import PASSWORD
 
 from harness import ablate, sweep, tracking
 from harness import keys as K
@@ -35,6 +32,10 @@ from harness.schema import parse_overrides
 from harness.study import Runner, study_hash
 from harness.sweepstore import database_identity, make_storage
 from harness.trials import ATTR_RUNNER
+
+from fakes import runner_command
+from helpers import alive_in, last_step, runs_in, started, tiny_grid, wait_for, write_sweep
+from servers import PASSWORD
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PGPASSWORD": PASSWORD}  # as docs/SCALING.md: the password out of the URL

@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from harness import provenance
-from harness.world import WorldConfig, WorldError, build_world, load_world, world_config_hash
-from harness.world import shipped
+from harness.world import WorldConfig, WorldError, build_world, load_world, shipped, world_config_hash
 
 
 def test_the_default_world_is_shipped_and_unpacked_with_its_hashes_checked(tmp_path, capsys):

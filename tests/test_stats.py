@@ -5,7 +5,16 @@ import numpy as np
 import pytest
 
 from analysis.stats import (
-    NOT_REPRODUCED, INCONCLUSIVE, REPRODUCED, censor, compare, compare_strata, compare_to, hedges_g, min_detectable, proportion_ci,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    censor,
+    compare,
+    compare_strata,
+    compare_to,
+    hedges_g,
+    min_detectable,
+    proportion_ci,
     rate_vs_half,
 )
 

@@ -25,19 +25,29 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-from helpers import fast_overrides
 from optuna.trial import TrialState
-from fakes import expected_points, runner_command
-from helpers import (
-    VARIANTS, alive_in, assert_resumed_like, grid_argv, last_step, runs_in, started, store_uri, tiny_grid, wait_for,
-    write_sweep,
-)
 
 from harness import ablate, sweep, sweepfile, tracking
 from harness import keys as K
 from harness import train as harness_train
 from harness.config import load_config
 from harness.study import Study, task_kind
+
+from fakes import expected_points, runner_command
+from helpers import (
+    VARIANTS,
+    alive_in,
+    assert_resumed_like,
+    fast_overrides,
+    grid_argv,
+    last_step,
+    runs_in,
+    started,
+    store_uri,
+    tiny_grid,
+    wait_for,
+    write_sweep,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 100  # fake steps (tests/fakes.py: STEP_S each): a run is seconds in flight

@@ -22,12 +22,12 @@ from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import URL
 
-from fakes import runner_command
-from helpers import DELTA_ETA, write_sweep
-
 from harness import keys as K
 from harness import sweep, sweepfile, sweepstore, tracking, trials
 from harness.schema import ConfigError
+
+from fakes import runner_command
+from helpers import DELTA_ETA, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 def uri(tmp_path: Path) -> str:

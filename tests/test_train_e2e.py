@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from harness.algorithms.names import ADV_ESTIMATORS
 from harness.config import ConfigError, load_config
 from harness.train import main as train_main
 from harness.train import train
+
 from helpers import fast_overrides
 
 

@@ -13,11 +13,20 @@ from harness import keys, tracking
 from harness.algorithms import compute_gae
 from harness.algorithms.estimators import group_mean_batch_std, informative_groups
 from harness.algorithms.losses import (
-    POLICY_LOSSES, cispo_loss, clip_bounds, clip_cov_loss, dual_clip, gspo_loss, kl_cov_loss, logp_adv_cov, ppo_loss,
+    POLICY_LOSSES,
+    cispo_loss,
+    clip_bounds,
+    clip_cov_loss,
+    dual_clip,
+    gspo_loss,
+    kl_cov_loss,
+    logp_adv_cov,
+    ppo_loss,
 )
 from harness.algorithms.rewards import overlong_penalty
 from harness.config import HASH_NEUTRAL_AT_DEFAULT, ConfigError, config_hash, load_config
 from harness.train import train
+
 from helpers import fast_overrides
 
 T = torch.tensor

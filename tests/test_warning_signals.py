@@ -14,12 +14,22 @@ from harness import keys as K
 from harness import signals, tracking
 from harness.config import ConfigError, load_config
 from harness.detector import (
-    BASE_FEATURES, FEATURES, TREND, TREND_WINDOWS, DetectorParams, Features, GaoFit, family_features,
-    least_squares_slope, needs_audit, reads_audit, replay,
+    BASE_FEATURES,
+    FEATURES,
+    TREND,
+    TREND_WINDOWS,
+    DetectorParams,
+    Features,
+    GaoFit,
+    family_features,
+    least_squares_slope,
+    needs_audit,
+    reads_audit,
+    replay,
 )
 from harness.train import train
-from helpers import fast_overrides
-from helpers import HH, hh_tokenizer
+
+from helpers import HH, fast_overrides, hh_tokenizer
 
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
@@ -257,10 +267,10 @@ def test_a_detector_on_the_forecast_warns_when_the_held_out_reward_turns(tmp_pat
 
 # ------------------------------------------------------------------ the world's audit RMs and a run that logs them
 def test_audit_rms_beside_the_world_leave_it_unchanged_and_runs_log_their_opinion(tiny_world, tmp_path):
+    import shutil
+
     from harness.world.audit import audit_dir, ensure_audit, member_dirs
     from harness.world.shipped import content_hash
-
-    import shutil
 
     world = shutil.copytree(tiny_world, tmp_path / "world")  # the session's world stays without audit RMs
     before = content_hash(world)

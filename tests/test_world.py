@@ -16,9 +16,18 @@ from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from harness import keys, tracking
 from harness.config import ConfigError
-from harness.world import TINY, World, WorldError, build_world, gold_reward, load_world, load_world_config, world_config_hash
+from harness.world import (
+    TINY,
+    World,
+    WorldError,
+    build_world,
+    corpus,
+    gold_reward,
+    load_world,
+    load_world_config,
+    world_config_hash,
+)
 from harness.world import __main__ as cli
-from harness.world import corpus
 from harness.world.build import INFO_FILE, WORLD_FILE
 from harness.world.config import TaskConfig
 from harness.world.gold import gold_breakdown

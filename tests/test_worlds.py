@@ -15,16 +15,24 @@ import pytest
 
 from analysis import claims as C
 from analysis.compare import agreement, main, provenance_values, summarize, world_band
-from analysis.store import one_or_sorted
 from analysis.stats import (
-    INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, WORLD_DEPENDENT, compare, compare_strata, compare_to,
-    compare_to_strata, rate_strata, rate_vs_half,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    WORLD_DEPENDENT,
+    compare,
+    compare_strata,
+    compare_to,
+    compare_to_strata,
+    rate_strata,
+    rate_vs_half,
 )
-from analysis.store import load_ablation
+from analysis.store import load_ablation, one_or_sorted
 from analysis.synthetic import Curve, world_hash, write_ablation, write_world_ablation, write_worlds
 from harness import keys as K
 from harness.rules import Claim, EvalScoresShift, PairsAboveChance
 from reports.reference import figure_text
+
 from helpers import fast_dir
 
 WORLDS_YAML = """
@@ -324,9 +332,9 @@ def test_an_old_reference_without_worlds_compares_as_before(env):
 
 
 def test_report_shows_the_worlds_beside_the_pooled_test(env, tmp_path):
-    from helpers import pdf_text
-
     from reports.build import Section, make_styles, write_pdf
+
+    from helpers import pdf_text
 
     d = data(env)  # the report's claims pages; no figure, no samples (they do not depend on worlds)
     sec = Section(spec=d.spec, data=d, claims=C.check_claims(d))

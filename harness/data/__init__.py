@@ -7,6 +7,7 @@ from typing import Callable
 
 from ..config import TrainConfig
 
+
 @dataclass
 class PromptSource:
     train_prompts: list[str]

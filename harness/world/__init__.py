@@ -3,7 +3,12 @@ pretrained and SFT GPT-2 models, a hidden gold reward, preference pairs and a re
 (docs/CONTRACTS.md; CLI: `python -m harness.world build --help`)."""
 from harness.world.build import World, WorldError, build_world, built_hash, load_world
 from harness.world.config import (
-    TINY, WORLD_FORMAT, WorldConfig, load_world_config, world_config_from_dict, world_config_hash,
+    TINY,
+    WORLD_FORMAT,
+    WorldConfig,
+    load_world_config,
+    world_config_from_dict,
+    world_config_hash,
 )
 from harness.world.gold import gold_breakdown, gold_reward
 

@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(gold_breakdown(args.prompt, args.response, not args.not_ended).__dict__, indent=1))
         return 0
     from harness.config import parse_overrides
-    from harness.world import TINY, WorldError, build_world, load_world, load_world_config
-    from harness.world import shipped
+    from harness.world import TINY, WorldError, build_world, load_world, load_world_config, shipped
 
     try:
         if args.cmd == "pack":

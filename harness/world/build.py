@@ -27,7 +27,8 @@ from transformers.utils import logging as hf_logging
 
 from harness import keys, provenance, statefile, tracking
 from harness.config import flatten, to_dict
-from harness.world import corpus, grammar, shipped as shipped_worlds
+from harness.world import corpus, grammar
+from harness.world import shipped as shipped_worlds
 from harness.world.config import WORLD_FORMAT, WorldConfig, world_config_from_dict, world_config_hash
 from harness.world.gold import gold_reward
 from harness.world.lm import gpt2_config, mean_response_nll, sample_ids, train_causal_lm, train_tokenizer
