@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make run    unpack the embedded world if missing, run the Fig. 6 grid, draw it, build its report
-#   make test   ruff, then the test suite on every core
+#   make test   ruff, then the test suite (a worker per core and one more)
 # Both create or reuse .venv from requirements.lock, whose torch is the CPU build (2.13.0+cpu), so
 # the install never pulls a CUDA build.
 PY      ?= python3
@@ -14,6 +14,9 @@ UV      := uv==0.13.9
 FIND_LINKS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
 ABLATION ?= ablations/score_reparam.yaml
 WORKERS ?= 2
+# The suite's workers: one more than the cores, as its tests wait on other processes and servers about a
+# quarter of the time (2 cores: 9 min 56 s with 2 workers, 8 min 56 s with 3; bench/RESULTS.md, session 16).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 
 .PHONY: venv run test bench reference lock clean-runs help
 
@@ -54,7 +57,7 @@ run: $(STAMP)
 # Targeted runs: .venv/bin/python -m pytest -q tests/test_study.py -k sigterm (docs/CONTRIBUTING.md).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VPY) -m pytest -q -n auto --dist loadfile tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # The committed reference results from scratch (python -m reports.rerun --help); resumable.
 reference: $(STAMP)

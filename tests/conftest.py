@@ -67,3 +67,16 @@ def mlflow_server(postgres, tmp_path_factory):
     server = servers.start_mlflow_server(postgres, tmp_path_factory.mktemp("mlflow-server"))
     yield server
     servers.stop_mlflow_server(server)
+
+
+HEAVY_FIRST = ("test_study", "test_ablate", "test_redaction", "test_servers", "test_sweep", "test_distributed",
+               "test_gpu_check", "test_detector", "test_warning_signals", "test_tricks", "test_reports",
+               "test_interrupts", "test_study_e2e", "test_ownership", "test_install")
+"""Modules that take longest (bench/RESULTS.md, session 16: the suite's durations), run first. Each module runs on
+one xdist worker (--dist loadfile), which hands modules out in collection order: one that starts last holds the
+run's end while the other workers idle."""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
