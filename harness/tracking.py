@@ -254,7 +254,7 @@ def probe_database(tracking_uri: str, timeout_s: int = 5) -> None:
         engine.dispose()
 
 
-STORE_TEMPLATE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "harness"
+STORE_TEMPLATE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "harness"
 """Where the empty sqlite store of this MLflow version is kept (`new_sqlite_store`)."""
 
 
