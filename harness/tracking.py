@@ -5,6 +5,7 @@ metric by metric)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -399,6 +400,15 @@ def find_runs(tracking_uri: str, experiment: str, tags: dict[str, str] | None = 
 
 def reopen_run(tracking_uri: str, run_id: str) -> None:
     client(tracking_uri).update_run(run_id, status="RUNNING")
+
+
+def release_interrupted_writes() -> None:
+    """Call after leaving an `except KeyboardInterrupt` block and before writing to the store. A Ctrl-C that lands
+    inside a store write leaves that write's sqlite transaction open, in frames the exception's traceback holds
+    (MLflow rolls its session back for an Exception, not for a KeyboardInterrupt), so a write made inside the
+    block waits on this process's own lock: MLflow's 20 s busy timeout, then 'database is locked' and the run left
+    RUNNING. Outside the block, collecting those frames closes the transaction."""
+    gc.collect()
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:

@@ -320,12 +320,11 @@ def _train(cfg: TrainConfig, env: parallel.DistEnv, run_dir: Path, resume: bool,
             raise FileNotFoundError(f"rank {env.rank}: rank 0 resumes {run_dir}/ckpt/state.pt but this rank cannot read it "
                                     "(logging.output_dir must be on a shared filesystem)")
     result = RunResult(run_id=shared["run_id"], status="RUNNING", steps_done=0, run_dir=str(run_dir))
+    interrupted = False
     try:
         _train_loop(cfg, env, run, run_dir, state, on_step, result)
     except KeyboardInterrupt:
-        result.status = "KILLED"
-        run.end("KILLED")
-        raise
+        interrupted = True  # the run is ended KILLED below, outside this block (tracking.release_interrupted_writes)
     except Exception as e:  # noqa: BLE001 - a failed run must never take its caller down
         # redacted here: the reason travels to the caller (a grid runner's process, its summary)
         result.status, result.error = "FAILED", tracking.redact(f"{type(e).__name__}: {e}")
@@ -333,6 +332,11 @@ def _train(cfg: TrainConfig, env: parallel.DistEnv, run_dir: Path, resume: bool,
         if cfg.logging.progress or not env.is_main:
             print(f"[harness] run {run_dir.name} (rank {env.rank}) FAILED: {result.error}", file=sys.stderr)
         return result
+    if interrupted:
+        tracking.release_interrupted_writes()
+        result.status = "KILLED"
+        run.end("KILLED")
+        raise KeyboardInterrupt
     result.status = "FINISHED"
     run.end("FINISHED")
     return result

@@ -56,6 +56,7 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
         # before its first step is resumed into the same run, from step 0
     tracking.set_tags(uri, run_id, {K.TAG_PID: str(os.getpid())})
     logger = tracking.MetricLogger(uri, run_id)
+    interrupted = False
     try:
         for step in range(start + 1, steps + 1):
             time.sleep(STEP_S)
@@ -68,8 +69,11 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
             state.write_text(json.dumps({"run_id": run_id, "step": step}))  # a checkpoint every step
             on_step(step, metrics)
     except KeyboardInterrupt:
+        interrupted = True  # ended KILLED outside this block, as harness.train does (tracking.release_interrupted_writes)
+    if interrupted:
+        tracking.release_interrupted_writes()
         tracking.end_run(uri, run_id, "KILLED")
-        raise
+        raise KeyboardInterrupt
     tracking.set_tags(uri, run_id, {K.TAG_COLLAPSED: "false"})
     tracking.end_run(uri, run_id, "FINISHED")
     return Outcome(task.key, task.label, "FINISHED", run_id, steps)

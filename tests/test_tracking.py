@@ -93,3 +93,47 @@ def test_a_new_sqlite_store_is_a_copy_of_the_migrated_template_and_opens_as_mlfl
     with sqlite3.connect(template) as con:
         assert con.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+INTERRUPTED_WRITES = """
+import signal, sys, threading, time
+from harness import tracking
+
+uri, inside = sys.argv[1], sys.argv[2] == "inside"
+for trial in range(6):  # a Ctrl-C lands inside a store write most of the time: six tries, at other moments
+    run_id = tracking.start_run(uri, "e", f"r{trial}")
+    log = tracking.MetricLogger(uri, run_id)
+    main = threading.main_thread().ident
+    threading.Timer(0.3 + 0.07 * trial, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    interrupted, step = False, 0
+    try:
+        while True:  # a run logging its steps until Ctrl-C
+            step += 1
+            log.log({f"m{i}": float(i) for i in range(50)}, step=step)
+    except KeyboardInterrupt:
+        if inside:
+            tracking.end_run(uri, run_id, "KILLED")
+        interrupted = True
+    if interrupted and not inside:
+        tracking.release_interrupted_writes()
+        tracking.end_run(uri, run_id, "KILLED")
+print("ended", flush=True)
+"""
+
+
+def test_a_ctrl_c_inside_a_store_write_ends_the_run_killed_once_outside_the_except_block(tmp_path):
+    """harness.train's and the fake task's pattern: the KILLED write after the `except KeyboardInterrupt` block
+    (tracking.release_interrupted_writes), where a write inside it waited on the interrupted write's open sqlite
+    transaction, MLflow's 20 s, then failed ('database is locked', the run left RUNNING)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED_WRITES)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    p = subprocess.run([sys.executable, str(script), uri, "outside"], capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0 and "ended" in p.stdout, p.stdout + p.stderr[-3000:]
+    runs = tracking.client(uri).search_runs([tracking.client(uri).get_experiment_by_name("e").experiment_id])
+    assert len(runs) == 6 and {r.info.status for r in runs} == {"KILLED"}
