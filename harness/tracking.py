@@ -37,10 +37,11 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 _READY: set[str] = set()
 
 SQLITE_BUSY_MS = 60_000
-"""How long a write to a sqlite store (MLflow's or Optuna's) waits for another process's lock before
-"database is locked": a grid's workers and its runner all write at once when a run ends or a Ctrl-C
-reaches them, and under load sqlite3's default 5 s was lost now and then (a run left RUNNING, a
-traceback). Set on every sqlite connection SQLAlchemy opens in this process (a public engine event)."""
+"""How long a write to a sqlite store waits for another process's lock before "database is locked": a
+grid's workers and its runner all write at once when a run ends or a Ctrl-C reaches them, and under load
+sqlite3's default 5 s was lost now and then (a run left RUNNING, a traceback). Set on every sqlite
+connection SQLAlchemy opens in this process (a public engine event): Optuna's keep it; MLflow sets 20 s on
+each of its sessions itself."""
 
 
 @sqlalchemy.event.listens_for(sqlalchemy.engine.Engine, "connect")
