@@ -52,7 +52,7 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VPY) -m harness.main --ablation $(ABLATION) --workers $(WORKERS)
 
-# The linter first (seconds), then the whole suite on every core (pytest-xdist): a test file stays on one
+# The linter first (seconds), then the whole suite on cores + 1 workers (pytest-xdist): a test file stays on one
 # worker (--dist loadfile), so a module's shared fixtures (a trained reference grid) are made once.
 # Targeted runs: .venv/bin/python -m pytest -q tests/test_study.py -k sigterm (docs/CONTRIBUTING.md).
 test: $(STAMP)
