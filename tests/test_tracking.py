@@ -137,3 +137,18 @@ def test_a_ctrl_c_inside_a_store_write_ends_the_run_killed_once_outside_the_exce
     assert p.returncode == 0 and "ended" in p.stdout, p.stdout + p.stderr[-3000:]
     runs = tracking.client(uri).search_runs([tracking.client(uri).get_experiment_by_name("e").experiment_id])
     assert len(runs) == 6 and {r.info.status for r in runs} == {"KILLED"}
+
+
+def test_mlflows_usage_telemetry_is_off_in_every_harness_process_unless_the_user_asks():
+    """Offline, and its background thread raced a server request (KeyError '_MLFLOW_TELEMETRY_SESSION_ID'). A
+    process with no CI or pytest variable (MLflow turns telemetry off by itself there) and one that opts in."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import harness.tracking\nfrom mlflow.telemetry.client import get_telemetry_client as g\nprint(g() is None)"
+    repo = Path(__file__).resolve().parents[1]
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "PYTHONPATH": str(repo)}
+    for env, off in ((base, "True"), ({**base, "MLFLOW_DISABLE_TELEMETRY": "false"}, "False")):
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+        assert p.stdout.strip().splitlines()[-1:] == [off], p.stdout + p.stderr[-2000:]
