@@ -48,6 +48,8 @@ each of its sessions itself."""
 def _sqlite_busy_timeout(dbapi_connection: Any, _record: Any) -> None:
     if isinstance(dbapi_connection, sqlite3.Connection):
         dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_MS}")
+
+
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^@/\s]+)@")
 
 
@@ -246,8 +248,6 @@ def probe_database(tracking_uri: str, timeout_s: int = 5) -> None:
     in seconds with its own error, before MLflow's retries (a no-op for other stores)."""
     if tracking_uri.split(":", 1)[0].split("+", 1)[0] not in DATABASE_SCHEMES:
         return
-    import sqlalchemy
-
     engine = sqlalchemy.create_engine(tracking_uri, connect_args={"connect_timeout": timeout_s})
     try:
         with engine.connect():

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny embedded world built once per test session, and fast run settings."""
+"""Shared fixtures (a tiny embedded world built once per test run, fake training, PostgreSQL and an MLflow
+server) and the order the modules run in; shared helpers are in tests/helpers.py."""
 from __future__ import annotations
 
 import os

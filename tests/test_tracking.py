@@ -1,8 +1,13 @@
 """MLflow store access shared by every process of the harness."""
 import multiprocessing as mp
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 from harness import tracking
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _open_store(uri: str) -> str:
@@ -125,15 +130,11 @@ def test_a_ctrl_c_inside_a_store_write_ends_the_run_killed_once_outside_the_exce
     """harness.train's and the fake task's pattern: the KILLED write after the `except KeyboardInterrupt` block
     (tracking.release_interrupted_writes), where a write inside it waited on the interrupted write's open sqlite
     transaction, MLflow's 20 s, then failed ('database is locked', the run left RUNNING)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED_WRITES)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     p = subprocess.run([sys.executable, str(script), uri, "outside"], capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parents[1])
+                       cwd=REPO)
     assert p.returncode == 0 and "ended" in p.stdout, p.stdout + p.stderr[-3000:]
     runs = tracking.client(uri).search_runs([tracking.client(uri).get_experiment_by_name("e").experiment_id])
     assert len(runs) == 6 and {r.info.status for r in runs} == {"KILLED"}
@@ -142,13 +143,8 @@ def test_a_ctrl_c_inside_a_store_write_ends_the_run_killed_once_outside_the_exce
 def test_mlflows_usage_telemetry_is_off_in_every_harness_process_unless_the_user_asks():
     """Offline, and its background thread raced a server request (KeyError '_MLFLOW_TELEMETRY_SESSION_ID'). A
     process with no CI or pytest variable (MLflow turns telemetry off by itself there) and one that opts in."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = "import harness.tracking\nfrom mlflow.telemetry.client import get_telemetry_client as g\nprint(g() is None)"
-    repo = Path(__file__).resolve().parents[1]
-    base = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "PYTHONPATH": str(repo)}
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "PYTHONPATH": str(REPO)}
     for env, off in ((base, "True"), ({**base, "MLFLOW_DISABLE_TELEMETRY": "false"}, "False")):
-        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
         assert p.stdout.strip().splitlines()[-1:] == [off], p.stdout + p.stderr[-2000:]
