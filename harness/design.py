@@ -161,23 +161,41 @@ def from_unit(u: float, dist: Any) -> Any:
 class Sobol(optuna.samplers.BaseSampler):
     """The low-discrepancy design: trial with design index i takes point i of a scrambled Sobol
     sequence over the choices (one coordinate per choice, in file order; a dependent choice's
-    coordinate is unused where it is not drawn). Enqueued trials draw what they leave out at random."""
+    coordinate is unused where it is not drawn). Enqueued trials draw what they leave out at random.
 
-    def __init__(self, names: Iterable[str], seed: int):
-        self.names, self.seed = list(names), seed
-        self._points: dict[int, Any] = {}
+    Choices `added` to a design that already ran take the next dimensions of the sequence, scrambled with
+    seed + 1: scipy draws every dimension's scrambling from one stream, so a longer sequence under the same
+    seed is another sequence in its first dimensions too and would move every trial's draws. Scrambling is
+    per dimension, so the first design's dimensions (seed) and the added ones (the dimensions after them,
+    seed + 1) are together a scrambled Sobol sequence of them all: the added choices are balanced with the
+    others, not aligned with them (a second sequence over the added choices alone would reuse the first
+    dimensions' direction numbers and repeat their values)."""
+
+    def __init__(self, names: Iterable[str], seed: int, added: Iterable[str] = ()):
+        names, added = list(names), set(added)
+        self.blocks = [[n for n in names if n not in added], [n for n in names if n in added]]
+        self.names, self.seed = names, seed
+        self._points: dict[int, dict[str, float]] = {}
         self._index: dict[int, int | None] = {}  # trial number -> design index (one read of the trials per trial)
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
-    def point(self, index: int) -> Any:
-        """Point `index` of the sequence (the same for every runner: a function of seed and index)."""
+    def point(self, index: int) -> dict[str, float]:
+        """Point `index` of the design, choice -> coordinate in [0, 1) (the same for every runner: a
+        function of seed and index)."""
         from scipy.stats import qmc
 
         if index not in self._points:
-            engine = qmc.Sobol(max(1, len(self.names)), scramble=True, rng=self.seed)
-            if index:
-                engine.fast_forward(index)
-            self._points[index] = engine.random(1)[0]
+            point: dict[str, float] = {}
+            done = 0  # dimensions before the block
+            for offset, block in enumerate(self.blocks):
+                if not block:
+                    continue
+                engine = qmc.Sobol(done + len(block), scramble=True, rng=self.seed + offset)
+                if index:
+                    engine.fast_forward(index)
+                point.update(zip(block, map(float, engine.random(1)[0][done:])))
+                done += len(block)
+            self._points[index] = point
         return self._points[index]
 
     def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
@@ -192,7 +210,7 @@ class Sobol(optuna.samplers.BaseSampler):
         index = self._index[trial.number]
         if index is None or param_name not in self.names:
             return self._fallback.sample_independent(study, trial, param_name, param_distribution)
-        return from_unit(float(self.point(index)[self.names.index(param_name)]), param_distribution)
+        return from_unit(self.point(index)[param_name], param_distribution)
 
 
 # ------------------------------------------------------------------ the design ahead of time

@@ -94,9 +94,15 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
             if stored is None and not study.get_trials(deepcopy=False):
                 for i, point in enumerate(spec.file.first_trials):  # enqueued: not the design's points (design_index)
                     study.enqueue_trial(point, user_attrs={"first_trial": i}, skip_if_exists=True)
-            elif stored and stored["search_space"] != json.loads(json.dumps(spec.to_attr()["search_space"])):
-                print(f"[sweep {spec.name}] warning: the search space differs from the one this study was started "
-                      "with; continuing the same study")
+            elif stored and stored["search_space"] != (now := json.loads(json.dumps(spec.to_attr()["search_space"]))):
+                added = sorted(set(now) - set(stored["search_space"]))
+                if added and set(added) <= set(spec.file.sampler.added) and all(
+                        now.get(k) == v for k, v in stored["search_space"].items()):
+                    print(f"[sweep {spec.name}] choices added to the study (sampler.added): {', '.join(added)}; its "
+                          "earlier trials keep their draws and ran without them")
+                else:
+                    print(f"[sweep {spec.name}] warning: the search space differs from the one this study was started "
+                          "with; continuing the same study")
             study.set_user_attr(ATTR_SWEEP, spec.to_attr())
         parent_run_id = st.parent(create=True, run_name=f"sweep {spec.name}", tags={
             keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,

@@ -109,6 +109,10 @@ class Sampler:
     seed: Seed | None = 0
     """Base seed; trials are seeded by their design index, so no two runners draw the same values (null = random;
     not with sobol)."""
+    added: list[str] = dataclasses.field(default_factory=list)
+    """sobol: choices added to the search space after the study's first design ran, drawn from a second
+    scrambled Sobol sequence (seed + 1) of their own, so the other choices keep the points they had: trial i
+    draws the first design's values for them whatever is added (harness.design.Sobol)."""
     n_startup_trials: Count = 5
     """tpe: random trials before TPE models the objective."""
     multivariate: Bool = True
@@ -263,8 +267,10 @@ def build_config(data: dict[str, Any]) -> tuple[TrainConfig | None, list[str]]:
         return None, list(e.problems)
 
 
-def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[Dimension | None, list[str]]:
-    """The axis with type, choices and grid filled in, each bound checked as a value of the field."""
+def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any],
+             drawn: list[dict[str, Any]] | None = None) -> tuple[Dimension | None, list[str]]:
+    """The axis with type, choices and grid filled in, each bound checked as a value of the field where it is
+    drawn (`drawn`: the base with its parents' values, `when_contexts`), its `otherwise` on the base."""
     where = f"search_space.{key}"
     _, inner = schema.base_type(tp)
     literal = get_origin(inner) is Literal  # bool and Literal fields: categorical over all values by default
@@ -304,17 +310,40 @@ def _resolve(key: str, dim: Dimension, tp: Any, base: dict[str, Any]) -> tuple[D
         cast = int if typ == "int" else float
         checks = [("low", cast(dim.low)), ("high", cast(dim.high))]
         out = dataclasses.replace(dim, type=typ, grid=[cast(g) for g in grid])
-    checks += [("otherwise", dim.otherwise)] if dim.when is not None else []  # the value its runs get where it is not drawn
-    problems = [f"{where}.{label}: {p}" for label, v in checks for p in build_config(merge(base, {key: v}))[1]]
+    problems = [f"{where}.{label}: {p}" for label, v in checks for at in (drawn if drawn is not None else [base])
+                for p in build_config(merge(at, {key: v}))[1]]
+    if dim.when is not None:  # the value its runs get where it is not drawn
+        problems += [f"{where}.otherwise: {p}" for p in build_config(merge(base, {key: dim.otherwise}))[1]]
     return (None if problems else out), list(dict.fromkeys(problems))
+
+
+def when_contexts(dim: Dimension, space: dict[str, Dimension], base: dict[str, Any],
+                  seen: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
+    """The base configs where a dependent choice is drawn: its parents (resolved before it) at every
+    combination of the values its `when` allows (a group's settings), each parent's own parents at their
+    first; None for a choice drawn everywhere; [] (nothing to check) where a parent did not resolve, takes
+    none of those values or leads back to itself (dependency_problems reports the `when`)."""
+    if dim.when is None:
+        return None
+    outs = [base]
+    for parent, values in design.conditions(dim).items():
+        pd = space.get(parent)
+        values = [v for v in values if pd is not None and any(design.same(v, c) for c in pd.choices or [])]
+        if parent in seen or not values:  # or a value the parent never takes: dependency_problems says so
+            return []
+        sets = [(pd.group or {}).get(v) or {} if pd.group is not None else {parent: v} for v in values]
+        outs = [merge((when_contexts(pd, space, o, seen | {parent}) or [o])[0], s) for o in outs for s in sets]
+    return outs
 
 
 GROUP_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
 """A group's key and its values' names: one word, so it never reads as a dotted config key."""
 
 
-def _resolve_group(key: str, dim: Dimension, base: dict[str, Any], types_: dict[str, Any]) -> tuple[Dimension | None, list[str]]:
-    """A group: its names as the choices, each name's settings flat, known, searchable and valid on the base config."""
+def _resolve_group(key: str, dim: Dimension, base: dict[str, Any], types_: dict[str, Any],
+                   drawn: list[dict[str, Any]] | None = None) -> tuple[Dimension | None, list[str]]:
+    """A group: its names as the choices, each name's settings flat, known, searchable and valid on the base config
+    with its parents' values (`drawn`, `when_contexts`)."""
     from harness.registry import flat_settings
 
     where, problems = f"search_space.{key}", []
@@ -331,7 +360,8 @@ def _resolve_group(key: str, dim: Dimension, base: dict[str, Any], types_: dict[
         flat = flat_settings(sets if isinstance(sets, dict) else {}, list(types_), at, problems)
         problems += [f"{at}.{k}: not searchable; allowed: keys that change what a run computes, not "
                      f"{', '.join(NOT_SEARCHABLE)}" for k in flat if k.startswith(NOT_SEARCHABLE)]
-        problems += [f"{at}.{p}" for p in build_config(merge(base, flat))[1]]  # ...group.<name>.<key>: got ...
+        problems += [f"{at}.{p}" for ctx in (drawn if drawn is not None else [base])
+                     for p in build_config(merge(ctx, flat))[1]]  # ...group.<name>.<key>: got ...
         groups[name] = flat
     if dim.when is not None and dim.otherwise is not None and dim.otherwise not in groups:
         problems.append(f"{where}.otherwise: got {dim.otherwise!r}; allowed: null (no settings) or one of {list(groups)}")
@@ -411,9 +441,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
 
     types_ = {key: tp for key, tp, *_ in schema.iter_fields(TrainConfig)}
     space: dict[str, Dimension] = {}
-    for key, dim in f.search_space.items():
+    for key in design.order(f.search_space):  # parents first: a dependent choice is checked where it is drawn
+        dim = f.search_space[key]
+        drawn = when_contexts(dim, space, data)
         if dim.group is not None:
-            d, p = _resolve_group(key, dim, data, types_)
+            d, p = _resolve_group(key, dim, data, types_, drawn)
             problems += p
             if d is not None:
                 space[key] = d
@@ -423,10 +455,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
             problems.append(f"search_space.{key}: not searchable; allowed: keys that change what a run computes, "
                             f"not {', '.join(NOT_SEARCHABLE)} (several seeds per trial: `seeds:`; steps: `steps:`)")
         else:
-            d, p = _resolve(key, dim, types_[key], data)
+            d, p = _resolve(key, dim, types_[key], data, drawn)
             problems += p
             if d is not None:
                 space[key] = d
+    space = {k: space[k] for k in f.search_space if k in space}  # file order: the Sobol design's coordinates
 
     gold = cfg.data.source == "world"
     metric = f.objective.metric if f.objective.metric != "auto" else (keys.GOLD_SCORE if gold else keys.RM_SCORE)
@@ -457,6 +490,16 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None, tracking_ur
         problems.append("sampler.name: got 'grid' with a choice drawn only `when`; allowed: random, sobol or tpe")
     if f.sampler.name == "sobol" and f.sampler.seed is None:
         problems.append("sampler.seed: got None with sampler sobol; allowed: an integer (the design's seed)")
+    if f.sampler.added and f.sampler.name != "sobol":
+        problems.append(f"sampler.added: got {f.sampler.added} with sampler {f.sampler.name}; allowed: [] (only a sobol "
+                        "design keeps its first choices' points when choices are added)")
+    for k in f.sampler.added:
+        if k not in f.search_space:
+            problems.append(f"sampler.added: got {k!r}; allowed: choices of search_space, one of {list(f.search_space)}")
+    if f.sampler.added and len(set(f.sampler.added)) < len(f.sampler.added):
+        problems.append(f"sampler.added: got {f.sampler.added}; a choice is listed twice")
+    if f.sampler.added and set(f.search_space) <= set(f.sampler.added):
+        problems.append("sampler.added: names every choice; allowed: choices added to a design that has others")
     worlds = _worlds(f, cfg, problems)
     found = preflight(cfg)
     if worlds:  # the runner builds them: what the base's world_dir holds does not matter
@@ -584,7 +627,7 @@ def make_sampler(spec: SweepSpec) -> Any:
     if s.name == "grid":
         return optuna.samplers.GridSampler({k: d.grid for k, d in spec.space.items()}, seed=s.seed)
     if s.name == "sobol":
-        return design.Sobol(spec.space, s.seed)
+        return design.Sobol(spec.space, s.seed, added=s.added)
     if s.name == "random":
         return TrialSeeded(lambda seed: optuna.samplers.RandomSampler(seed=seed), s.seed)
     return TrialSeeded(lambda seed: optuna.samplers.TPESampler(

@@ -5,6 +5,8 @@ the `otherwise` value; groups set their settings; a random (TrialSeeded) design 
 study files are refused before any store exists, naming the file and the field. Fast: no training."""
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 
 import optuna
@@ -97,6 +99,41 @@ def test_a_seeded_design_reproduces_with_two_runners_and_a_made_up_trial(tmp_pat
     assert [design.design_index(a, t) for t in trials] == [0, 1, 2, 3, None, *range(4, 12)]
 
 
+def test_choices_added_to_the_design_keep_the_committed_studys_draws(spec):
+    """The committed study (reports/study_tricks: its best trial and its draws per value) ran before the
+    tricks since the paper were added to the file (sampler.added): every trial still draws what it drew."""
+    committed = json.loads((REPO / "reports" / "study_tricks" / "tricks.json").read_text())
+    first = [k for k in spec.space if k not in spec.file.sampler.added]
+    assert set(committed["best"]["values"]) <= set(first) and spec.file.sampler.added  # the file has added choices
+    best = spec.design[committed["best"]["number"]]
+    assert {k: design.label(best[k]) for k in committed["best"]["values"]} == committed["best"]["values"]
+    with (REPO / "reports" / "study_tricks" / "tricks_values.csv").open() as f:
+        drawn = {(r["choice"], r["value"]): int(r["n"]) for r in csv.DictReader(f) if r["value"] != "(not drawn)"}
+    counts = design.coverage(spec.space, spec.design[:committed["configs"]])
+    assert {(k, v): n for k in first for v, n in counts[k].items()} == drawn
+    # one sequence over every choice (added ignored) would have moved the committed trials' draws
+    moved = design.simulate(spec.space, lambda: design.Sobol(spec.space, spec.file.sampler.seed), committed["configs"])
+    assert {k: design.label(moved[committed["best"]["number"]].get(k)) for k in committed["best"]["values"]} != \
+        committed["best"]["values"]
+    # the added choices are balanced with the others, not aligned with them: each value drawn, in both halves
+    # of every first choice they depend on
+    for k in spec.file.sampler.added:
+        assert min(counts[k].values()) >= 8, (k, counts[k])
+    normalized = [p for p in spec.design if p.get("ppo.adv_normalize_mode")]
+    assert {p["ppo.adv_normalize_mode"] for p in normalized} == {"minibatch", "group_mean_batch_std"}
+
+
+def test_a_dependent_choice_is_checked_where_its_parents_draw_it(spec):
+    """ppo.adv_normalize_mode=group_mean_batch_std is valid only with normalization on and groups of samples
+    (its parents), ppo.dynamic_sampling_tol only with a group estimator: accepted as the file draws them."""
+    for params in spec.design:
+        cfg = from_dict(sweepfile.trial_config(spec, params))
+        if "ppo.adv_normalize_mode" in params:
+            assert cfg.ppo.adv_normalize and cfg.generation.samples_per_prompt == 4
+        if params.get("ppo.dynamic_sampling_tol") is not None:
+            assert cfg.ppo.adv_estimator in ("grpo", "rloo")
+
+
 def bad(tmp_path: Path, edit) -> Path:
     data = yaml.safe_load(STUDY.read_text())
     data["base"] = str(REPO / "ablations" / data["base"])
@@ -170,6 +207,14 @@ BAD = {  # edit -> what the error must say (after "<file>: ")
     "when with a grid sampler": (lambda d: d.update(sampler={"name": "grid"}),
                                  "sampler.name: got 'grid' with a choice drawn only `when`"),
     "worlds twice": (lambda d: d.update(worlds=[0, 0]), "worlds: got [0, 0]; a world seed is listed twice"),
+    "a dependent value invalid where it is drawn": (  # valid with grpo, not with ppo (both allowed by its when)
+        space(**{"ppo.dynamic_sampling_tol": {"choices": [None, 0.1], "when": {"algorithm": ["grpo", "ppo"]},
+                                              "otherwise": None}}),
+        "search_space.ppo.dynamic_sampling_tol.choices: ppo.dynamic_sampling_tol: got 0.1 with ppo.adv_estimator=gae"),
+    "added with another sampler": (lambda d: d.update(sampler={"name": "random", "seed": 0, "added": ["ppo.dual_clip_c"]}),
+                                   "sampler.added: got ['ppo.dual_clip_c'] with sampler random; allowed: []"),
+    "added names no choice": (lambda d: d["sampler"].update(added=["ppo.dual_clip"]),
+                              "sampler.added: got 'ppo.dual_clip'; allowed: choices of search_space"),
 }
 
 
