@@ -22,8 +22,8 @@ from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import URL
 
+from harness import design, sweep, sweepfile, sweepstore, tracking, trials
 from harness import keys as K
-from harness import sweep, sweepfile, sweepstore, tracking, trials
 from harness.schema import ConfigError
 
 from fakes import runner_command
@@ -76,7 +76,8 @@ def running_trial(tmp_path: Path, name: str) -> optuna.trial.FrozenTrial | None:
     """The first RUNNING trial whose MLflow run has started, or None yet."""
     try:
         study = load_study(tmp_path, name)
-        started = {r.data.tags[K.TAG_TRIAL] for r in runs(uri(tmp_path), name) if r.info.status == "RUNNING"}
+        started = {r.data.tags[K.TAG_TRIAL] for r in runs(uri(tmp_path), name)  # its worker's pid written too
+                   if r.info.status == "RUNNING" and K.TAG_PID in r.data.tags}
     except Exception:  # the stores, the study or the experiment do not exist yet
         return None
     return next((t for t in study.get_trials(states=(TrialState.RUNNING,)) if str(t.number) in started), None)
@@ -226,6 +227,32 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
     assert sweep.main(cli(tmp_path, path, "--trials", "6")) == 0
     assert "running 0 now" in capsys.readouterr().out
     assert len(load_study(tmp_path, "de_sweep").get_trials()) == 6
+
+
+def test_choices_added_to_a_sobol_study_keep_its_trials_draws_and_extend_it(tmp_path, tiny_world, capsys, fake_training):
+    """A Sobol study run, then a choice added to its file (sampler.added) and the study extended: the first
+    trials keep their values and ran without the new choice; the next draw the first design's points for the
+    old choices, and the new one."""
+    old = "  reward.clip: [0.3, 0.8]\n  ppo.kl_coef: [0.0, 0.05, 0.1]\n"
+    path = write_sweep(tmp_path, tiny_world, "added_sweep", space=old, trials=2)
+    path.write_text(path.read_text().replace("sampler: {name: tpe, seed: 0, n_startup_trials: 2}",
+                                             "sampler: {name: sobol, seed: 0}"))
+    first = sweepfile.load_sweep(path)
+    assert sweep.main(cli(tmp_path, path, "--workers", "0")) == 0  # in this process: the test is about the draws
+    before = [t.params for t in load_study(tmp_path, "added_sweep").get_trials()]
+    path.write_text(path.read_text().replace("sampler: {name: sobol, seed: 0}",
+                                             "sampler: {name: sobol, seed: 0, added: [ppo.entropy_coef]}")
+                    + "  ppo.entropy_coef: [0.0, 0.01]\n")
+    capsys.readouterr()
+    assert sweep.main(cli(tmp_path, path, "--trials", "4", "--workers", "0")) == 0
+    out = capsys.readouterr().out
+    assert "choices added to the study (sampler.added): ppo.entropy_coef; its earlier trials keep their draws" in out
+    assert "warning" not in out
+    after = [t.params for t in load_study(tmp_path, "added_sweep").get_trials()]
+    assert after[:2] == before and all("ppo.entropy_coef" not in p for p in before)
+    planned = design.simulate(first.space, lambda: sweepfile.make_sampler(first), 4)  # the first file's design
+    assert [{k: p[k] for k in ("reward.clip", "ppo.kl_coef")} for p in after[2:]] == planned[2:]
+    assert all("ppo.entropy_coef" in p for p in after[2:])
 
 
 @pytest.mark.slow
