@@ -99,6 +99,8 @@ class RunData:
     """The code it ran (tag harness.git_commit)."""
     provenance: dict[str, str] = dataclasses.field(default_factory=dict)
     """Its `provenance.*` tags, prefix dropped (analysis.store.provenance_tags)."""
+    trial: int | None = None
+    """Its trial number, for a run of a design study (tag harness.trial); None for a figure file's run."""
 
     @property
     def fell(self) -> bool:
@@ -128,7 +130,8 @@ def _load_run(uri: str, run: Any) -> RunData | None:
                    t.get("provenance.world.hash", "?"), t.get(K.TAG_CONFIG_HASH, ""), list(rows.items()),
                    gold_onset(_collapse_cfg(p), [(s, rows[s][K.GOLD_SCORE]) for s in steps]), steps[-1],
                    int(parse_value(p.get("generation.max_new_tokens", "0")) or 0),
-                   commit=t.get(K.TAG_COMMIT, "?"), provenance=provenance_tags(t))
+                   commit=t.get(K.TAG_COMMIT, "?"), provenance=provenance_tags(t),
+                   trial=int(t[K.TAG_TRIAL]) if t.get(K.TAG_TRIAL, "").isdigit() else None)
 
 
 def load_runs(uri: str) -> list[RunData]:
@@ -149,12 +152,17 @@ class Split:
     """The fit world's hash (or the fit worlds')."""
     files: list[str]
     seeds: list[int]
+    trials: list[int] | None = None
+    """The design-study trials (configurations) of the fit runs; a fit file's other trials are held out
+    (None: every trial)."""
 
     def group(self, r: RunData, worlds: dict[str, str]) -> str:
         if r.world not in ([self.world] if isinstance(self.world, str) else self.world):
             return f"held-out world: {worlds.get(r.world, r.world)}"
         if r.ablation not in self.files:
             return "held-out figure files"
+        if self.trials is not None and r.trial is not None and r.trial not in self.trials:
+            return "held-out configurations"
         return "fit" if r.seed in self.seeds else "held-out seeds"
 
 
@@ -261,6 +269,13 @@ def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]
     if len(set(files)) > 1:
         return "leave one figure file out", list(LeaveOneGroupOut().split(runs, groups=files))
     configs = [r.config_hash or r.run_id for r in runs]
+    # one design-study trial is one configuration on each of its worlds (a config hash per world): one group,
+    # named by its smallest hash (a trial on one world keeps its own hash, as before)
+    name: dict[tuple[str, int], str] = {}
+    for r, c in zip(runs, configs):
+        if r.trial is not None:
+            name[(r.ablation, r.trial)] = min(c, name.get((r.ablation, r.trial), c))
+    configs = [name.get((r.ablation, r.trial), c) if r.trial is not None else c for r, c in zip(runs, configs)]
     k = min(CV_FOLDS, len(set(configs)))
     return f"{k} folds by configuration", list(GroupKFold(n_splits=k).split(runs, groups=configs))
 
@@ -694,6 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--fit-files", metavar="LIST", help=f"figure files of the fit runs (default: "
                        f"{','.join(DEFAULT_FIT_FILES)})")
         p.add_argument("--fit-seeds", metavar="LIST", default=None, help="seeds of the fit runs (default: 0-2)")
+        p.add_argument("--fit-trials", metavar="LIST", default=None, help="design-study trials (configurations) of the "
+                       "fit runs, e.g. 0-23; the fit files' other trials are held out (default: every trial)")
         p.add_argument("--fa-target", type=float, default=FA_TARGET, help=f"false alarms allowed on the fit runs when "
                        f"a threshold is chosen (default {FA_TARGET})")
         p.add_argument("--out", metavar="DIR", default=str(RESULTS), help=f"figures and JSON (default {RESULTS})")
@@ -725,7 +742,8 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
         world = pd.Series([r.world for r in runs]).value_counts().index[0]
     files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
     seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else stored.get("seeds") or [0, 1, 2]
-    return Split(world, files, seeds)
+    trials = parse_seeds(args.fit_trials, "--fit-trials") if args.fit_trials else stored.get("trials")
+    return Split(world, files, seeds, trials)
 
 
 def _write_params(params: DetectorParams, path: Path) -> None:

@@ -169,8 +169,8 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
 
     from analysis.detector import CV_FOLDS, cv_folds
 
-    def runs(files: list[str], configs: int, worlds: int = 2) -> list:
-        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}")
+    def runs(files: list[str], configs: int, worlds: int = 2) -> list:  # a figure file's runs: no trial
+        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None)
                 for f in files for c in range(configs) for w in range(worlds)]
 
     two = runs(["a", "b"], 3)
@@ -184,6 +184,30 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
     assert sorted(tested) == sorted(r.config_hash for r in one)  # every run tested once
     for train, test in folds:  # a configuration's other world never trains the fold that tests it
         assert not {one[i].config_hash for i in train} & {one[i].config_hash for i in test}
+    # a design study's trial on two worlds: two config hashes (the world is in the config), one configuration
+    study = [SimpleNamespace(ablation="study", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}", trial=c)
+             for c in range(12) for w in range(2)]
+    _, folds = cv_folds(study)
+    for train, test in folds:
+        assert not {study[i].trial for i in train} & {study[i].trial for i in test}
+
+
+def test_a_split_by_trials_holds_a_design_studys_other_configurations_out():
+    from types import SimpleNamespace
+
+    from analysis.detector import Split
+
+    split = Split(["w0", "w1"], ["study", "fig"], [0], trials=[0, 1])
+
+    def group(**kw) -> str:
+        return split.group(SimpleNamespace(**{"world": "w0", "ablation": "study", "seed": 0, "trial": 0, **kw}), {})
+
+    assert group() == group(world="w1") == "fit"
+    assert group(trial=2) == "held-out configurations"
+    assert group(ablation="fig", trial=None) == "fit"  # a figure file's runs have no trial
+    assert group(ablation="other") == "held-out figure files" and group(seed=1) == "held-out seeds"
+    assert group(world="w2").startswith("held-out world")
+    assert Split("w0", ["study"], [0]).group(SimpleNamespace(world="w0", ablation="study", seed=0, trial=7), {}) == "fit"
 
 
 def test_fit_refuses_a_store_without_gold(tmp_path, capsys):
