@@ -189,7 +189,7 @@ def launch_train(
     c = cfg if isinstance(cfg, TrainConfig) else load_config(cfg, overrides)
     run_name = c.logging.run_name or default_run_name(c)
     c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=run_name))
-    uri = tracking.resolve_uri(None, c.logging.tracking_uri)
+    uri = c.logging.tracking_uri or tracking.resolve_uri()  # the config's store (a CLI resolved it at its edge)
     c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, tracking_uri=uri))
     run_dir = Path(c.logging.output_dir) / c.logging.run_name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def launch_train(
                 return True
         return False
 
-    env = {**os.environ, **(env or {})}
+    env = {**os.environ, **(env or {}), "MLFLOW_TRACKING_URI": uri}  # the job's ranks resolve it at their CLI's edge
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     cmd = launch_command(run_dir / "launch_config.yaml", nproc, resume=resume, launcher=launcher, program=program)
     with open(log_path, "ab") as log:
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launcher", choices=LAUNCHERS, default="torchrun")
     args = ap.parse_args(argv)
     try:
-        res = launch_train(args.config, args.overrides, nproc=args.nproc, resume=args.resume, launcher=args.launcher)
+        cfg = tracking.at_cli_edge(load_config(args.config, args.overrides))
+        res = launch_train(cfg, nproc=args.nproc, resume=args.resume, launcher=args.launcher)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -197,11 +197,8 @@ def run_task(task: Task, work: "TaskWork | None" = None) -> Outcome:
     except KeyboardInterrupt. A worker whose runner died exits once its run has ended KILLED."""
     t0, dog = time.time(), Watchdog(task.runner)
     work = work or task_kind(task.kind)
-    uri = (task.world or {}).get("tracking_uri") if task.kind == "world" else (task.cfg.get("logging") or {}).get(
-        "tracking_uri")
-    try:
-        with tracking.resolved_store(uri):  # the runner's store, whatever this process's environment says
-            out = work(task, dog.check)
+    try:  # the runner's store is in the task (a run's logging.tracking_uri, a world's tracking_uri)
+        out = work(task, dog.check)
     except KeyboardInterrupt:
         if dog.gone.is_set():  # nobody waits for this outcome: leave
             os._exit(0)

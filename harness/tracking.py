@@ -5,6 +5,7 @@ metric by metric)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -67,22 +68,12 @@ def resolve_uri(flag: str | None = None, configured: str | None = None) -> str:
     return flag or os.environ.get("MLFLOW_TRACKING_URI") or configured or DEFAULT_TRACKING_URI
 
 
-@contextlib.contextmanager
-def resolved_store(uri: str | None):
-    """$MLFLOW_TRACKING_URI = `uri` inside the block (restored after). A runner resolves the store once
-    (resolve_uri: its --tracking-uri first) and hands it to a run as logging.tracking_uri, which the run's
-    own resolve_uri ranks below the variable: a worker runs its task in this block, so that a variable
-    exported in the shell cannot send the run to another store than its runner's (the parent's)."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = before
+def at_cli_edge(cfg: Any) -> Any:
+    """A TrainConfig with its store resolved as a command line resolves it (resolve_uri: $MLFLOW_TRACKING_URI
+    beats the file's logging.tracking_uri): once, at the edge; `harness.train.train(cfg)` and a runner's
+    workers then use the config's store as it is."""
+    return dataclasses.replace(cfg, logging=dataclasses.replace(
+        cfg.logging, tracking_uri=resolve_uri(None, cfg.logging.tracking_uri)))
 
 
 def sqlite_path(uri: str) -> Path | None:

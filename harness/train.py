@@ -273,9 +273,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, on_step: OnStep | None = No
 
     Every rank of a launched job calls this: rank 0 opens the MLflow run and writes the run files,
     the other ranks train alongside it with a `NullRunLog`."""
-    # the store every writer and reader finds: --tracking-uri (set into the config by a runner), else
-    # $MLFLOW_TRACKING_URI, else logging.tracking_uri, else sqlite:///mlflow.db
-    cfg = replace(cfg, logging=replace(cfg.logging, tracking_uri=tracking.resolve_uri(None, cfg.logging.tracking_uri)))
+    # the store is the config's: a CLI resolves it at its edge (--tracking-uri, else $MLFLOW_TRACKING_URI,
+    # else the file's) and a runner hands its own to every run; null = MLflow's convention
+    cfg = replace(cfg, logging=replace(cfg.logging, tracking_uri=cfg.logging.tracking_uri or tracking.resolve_uri()))
     # ConfigError here, before any model or MLflow run, when the hardware or launch cannot run cfg;
     # joins the process group when started by torchrun / deepspeed
     env = parallel.setup(cfg)
@@ -501,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        cfg = tracking.at_cli_edge(cfg)  # a launched job's ranks get their runner's store in the variable (harness.launch)
         if args.print_config:
             print(to_yaml(cfg))
             return 0
