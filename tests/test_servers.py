@@ -164,6 +164,25 @@ def test_a_runner_on_another_host_makes_up_a_lost_runners_trial_only_once_its_he
     assert parent.info.status == "FINISHED"
 
 
+def test_runners_that_start_at_once_on_a_new_database_all_open_it(postgres):
+    """Each runner's storage creates Optuna's tables where they are missing; several machines started at once
+    on a new database race to create them (PostgreSQL: a duplicate key in pg_type). Every one must open it
+    (before: the losers were refused as a bad --storage URL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    n = 6
+    for attempt in range(3):
+        url, barrier = postgres.create_database(f"race{attempt}"), Barrier(n)
+
+        def opened(_: int) -> str:
+            barrier.wait()
+            return database_identity(make_storage(url))
+
+        with ThreadPoolExecutor(n) as pool:
+            assert len(set(pool.map(opened, range(n)))) == 1
+
+
 def test_two_grid_runners_on_the_server_store_train_each_run_once(tmp_path, tiny_world, mlflow_server):
     """While a runner of another machine holds the grid (its lease in the store, beating), a runner here is
     refused; once it has let go, two runners started at once train each run once between them."""
