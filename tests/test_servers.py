@@ -183,6 +183,32 @@ def test_runners_that_start_at_once_on_a_new_database_all_open_it(postgres):
             assert len(set(pool.map(opened, range(n)))) == 1
 
 
+def test_runners_that_open_a_new_study_at_once_queue_its_first_trials_once(tmp_path, tiny_world, postgres):
+    """The sweep file's first_trials (the paper's point) are queued by the runner whose study creation won (one
+    row in the database); runners of other machines opening the same new study at the same moment queue none
+    (before: each that saw an empty study queued them, and the point ran as two trials, its run trained twice)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from harness.sweepfile import load_sweep
+
+    first = "first_trials:\n  - {reward.clip: 0.8, ppo.kl_coef: 0.05}\n  - {reward.clip: 0.3, ppo.kl_coef: 0.1}\n"
+    path = write_sweep(tmp_path, tiny_world, "pg_first", extra=first)
+    spec = load_sweep(path, [], f"sqlite:///{tmp_path / 'mlflow.db'}")
+    n = 4
+    for attempt in range(3):
+        url, barrier = postgres.create_database(f"first{attempt}"), Barrier(n)
+
+        def opened(_: int) -> None:
+            barrier.wait()
+            sweep.open_study(spec, url)
+
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(opened, range(n)))
+        study = optuna.load_study(study_name="pg_first", storage=make_storage(url))
+        assert sorted(t.user_attrs["first_trial"] for t in study.get_trials()) == [0, 1], attempt
+
+
 def test_two_grid_runners_on_the_server_store_train_each_run_once(tmp_path, tiny_world, mlflow_server):
     """While a runner of another machine holds the grid (its lease in the store, beating), a runner here is
     refused; once it has let go, two runners started at once train each run once between them."""
