@@ -168,7 +168,7 @@ def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False,
 def nproc_problems(nproc: int | None) -> list[str]:
     """--nproc (ranks per run) below 1: refused before anything is created (harness.launch and every runner)."""
     if nproc is not None and nproc < 1:
-        return [f"--nproc: got {nproc}; allowed: an integer >= 1 (ranks per run), or leave it out"]
+        return [f"--nproc: got {nproc}; allowed: an integer >= 1 (ranks per run)"]
     return []
 
 
