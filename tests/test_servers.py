@@ -117,7 +117,7 @@ def test_a_runner_on_another_host_makes_up_a_lost_runners_trial_only_once_its_he
             "--heartbeat", str(beat), "--set", "sweep.sampler.name=random", "--set", "sweep.pruner.name=none"]
     a, b = machine(tmp_path, "a"), machine(tmp_path, "b")
     cmd = runner_command("harness.sweep", *argv)
-    engine = make_storage(storage).engine
+    reader = make_storage(storage)  # the test's own reads of the database
     with started("harness.sweep", argv, a, a / "runner.log", command=on_host("host-a", cmd), **ENV) as lost, \
             started("harness.sweep", argv, b, b / "runner.log", command=on_host("host-b", cmd), **ENV) as other:
         study = wait_for(lambda: _study(storage, name), lost, "the study", a / "runner.log")
@@ -133,15 +133,16 @@ def test_a_runner_on_another_host_makes_up_a_lost_runners_trial_only_once_its_he
                  "host-b at work", b / "runner.log")
         os.killpg(lost.pid, signal.SIGKILL)  # host-a is lost: its runner and its worker, no run ended
         lost.wait()
-        victim_id = trial_id_of(make_storage(storage), name, victim.number)
+        victim_id = trial_id_of(reader, name, victim.number)
         fresh, seen = STALE_AFTER * beat - 0.5, []  # (state, heartbeat age) as the database has them, at once
         while other.poll() is None and (not seen or seen[-1][0] == "RUNNING"):
-            with engine.connect() as conn:
+            with reader.engine.connect() as conn:
                 seen.append(tuple(conn.exec_driver_sql(
                     "SELECT t.state::text, EXTRACT(EPOCH FROM now() - h.heartbeat)::float FROM trials t "
                     "JOIN trial_heartbeats h ON h.trial_id = t.trial_id WHERE t.trial_id = %s", (victim_id,)).one()))
             time.sleep(0.2)
         assert other.wait(timeout=300) == 0, (b / "runner.log").read_text()[-4000:]
+    reader.engine.dispose()
     out = logs_of(a / "runner.log", b / "runner.log")
     assert "Traceback" not in out and PASSWORD not in out
     assert [s for s in seen if s[0] == "RUNNING" and s[1] < fresh], f"never seen fresh after the kill: {seen}"
@@ -177,7 +178,11 @@ def test_runners_that_start_at_once_on_a_new_database_all_open_it(postgres):
 
         def opened(_: int) -> str:
             barrier.wait()
-            return database_identity(make_storage(url))
+            storage = make_storage(url)
+            try:
+                return database_identity(storage)
+            finally:
+                storage.engine.dispose()  # the session's server has 100 connection slots for every test
 
         with ThreadPoolExecutor(n) as pool:
             assert len(set(pool.map(opened, range(n)))) == 1
@@ -201,12 +206,14 @@ def test_runners_that_open_a_new_study_at_once_queue_its_first_trials_once(tmp_p
 
         def opened(_: int) -> None:
             barrier.wait()
-            sweep.open_study(spec, url)
+            sweep.open_study(spec, url)[1].engine.dispose()
 
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(opened, range(n)))
-        study = optuna.load_study(study_name="pg_first", storage=make_storage(url))
+        storage = make_storage(url)
+        study = optuna.load_study(study_name="pg_first", storage=storage)
         assert sorted(t.user_attrs["first_trial"] for t in study.get_trials()) == [0, 1], attempt
+        storage.engine.dispose()
 
 
 def test_two_grid_runners_on_the_server_store_train_each_run_once(tmp_path, tiny_world, mlflow_server):
