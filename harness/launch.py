@@ -165,6 +165,13 @@ def launch_command(config_path: str | Path, nproc: int, *, resume: bool = False,
     return [ds, f"--num_gpus={nproc}", f"--master_port={master_port}", *many, *module, *tail]
 
 
+def nproc_problems(nproc: int | None) -> list[str]:
+    """--nproc (ranks per run) below 1: refused before anything is created (harness.launch and every runner)."""
+    if nproc is not None and nproc < 1:
+        return [f"--nproc: got {nproc}; allowed: an integer >= 1 (ranks per run)"]
+    return []
+
+
 def launch_train(
     cfg: TrainConfig | str | Path | None = None,
     overrides: list[str] | dict | None = None,
@@ -184,9 +191,14 @@ def launch_train(
     run.json and MLflow run. on_step gets the `watch` metrics polled from MLflow every `poll_s`; when
     it returns True a STOP file stops the job (a step or two late). Raises ConfigError for a config
     that does not validate; a job that fails later returns status FAILED with the reason."""
+    from .parallel import validate
     from .train import RunResult, default_run_name
 
+    if problems := nproc_problems(nproc):
+        raise ConfigError(problems)
     c = cfg if isinstance(cfg, TrainConfig) else load_config(cfg, overrides)
+    if problems := validate(c, world_size=nproc):  # a batch that does not split over nproc ranks: before the run
+        raise ConfigError(problems)
     run_name = c.logging.run_name or default_run_name(c)
     c = dataclasses.replace(c, logging=dataclasses.replace(c.logging, run_name=run_name))
     uri = c.logging.tracking_uri or tracking.resolve_uri()  # the config's store (a CLI resolved it at its edge)

@@ -44,7 +44,7 @@ import filelock
 
 from . import keys as K
 from . import tracking
-from .launch import EXECUTORS, LAUNCHERS, launch_train
+from .launch import EXECUTORS, LAUNCHERS, launch_train, nproc_problems
 from .launch import executor as make_executor
 from .lease import SETTLE_S, Lease, LeaseHeld
 
@@ -427,9 +427,7 @@ def executor_problems(args: Any) -> list[str]:
     """What add_executor_args' options ask for that cannot run here, found before a runner creates anything
     (study, parent run): ranks below 1, negative Slurm options, `--executor slurm` where Slurm's commands are
     missing (submitit would find out only at the first submission, with a parent run already RUNNING)."""
-    problems = []
-    if args.nproc is not None and args.nproc < 1:
-        problems.append(f"--nproc: got {args.nproc}; allowed: an integer >= 1 (ranks per run), or leave it out")
+    problems = nproc_problems(args.nproc)
     for flag, value, low in (("--slurm-time-min", args.slurm_time_min, 1), ("--slurm-gpus", args.slurm_gpus, 0),
                              ("--slurm-cpus", args.slurm_cpus, 1)):
         if value is not None and value < low:

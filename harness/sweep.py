@@ -36,6 +36,7 @@ from harness.sweepfile import (
     StudyObjective,
     SweepFile,
     SweepSpec,
+    build_config,
     fmt_value,
     load_sweep,
     make_pruner,
@@ -54,18 +55,28 @@ from harness.worlds import build_worlds
 
 
 def open_study(spec: SweepSpec, storage_url: str, heartbeat_s: int = HEARTBEAT_S) -> tuple[Any, Any]:
-    """Create the study (named after the sweep) or load it to continue; (study, storage). The storage keeps
-    a heartbeat per running trial (harness.trials: a stale one is made up by the next runner to look)."""
+    """Create the study (named after the sweep) and queue the sweep file's first trials, or load it to continue;
+    (study, storage). The storage keeps a heartbeat per running trial (harness.trials: a stale one is made up by
+    the next runner to look)."""
     storage = make_storage(storage_url, heartbeat_s=heartbeat_s, on_stale=lambda study, trial: make_up(spec, study, trial))
     quiet = warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning)
     with tracking.sqlite_lock(storage_url), quiet:  # multivariate TPE is experimental in Optuna
-        study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.direction,
-                                    sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True)
+        try:  # one row under the study name's unique key: exactly one runner, on any machine, creates it
+            study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.direction,
+                                        sampler=make_sampler(spec), pruner=make_pruner(spec))
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec),
+                                      pruner=make_pruner(spec))
+            created = False
     stored = study.direction.name.lower()
     if stored != spec.direction:
         raise ConfigError([f"{spec.path}: direction: got {spec.direction!r} but study {spec.name!r} in "
                            f"{tracking.redact(storage_url)} was created with {stored!r}; allowed: {stored!r} "
                            "(or a new sweep name)"])
+    if created:  # its creator queues the first trials: runners opening it at the same moment queue none
+        for i, point in enumerate(spec.file.first_trials):  # enqueued: not the design's points (design_index)
+            study.enqueue_trial(point, user_attrs={"first_trial": i})
     return study, storage
 
 
@@ -89,12 +100,9 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     # one study, however its URL is spelled (password in it or in PGPASSWORD): the database's own identity
     with Study(uri, spec.name, ("sweep", spec.name, database_identity(storage)), runs_dir=runs_dir,
                exclusive=False, what="python -m harness.sweep", noun="sweep") as st:
-        with st.creation_lock():  # one parent run and one set of first trials when two sweeps start at once
+        with st.creation_lock():  # one parent run when two sweeps start at once on this machine
             stored = study.user_attrs.get(ATTR_SWEEP)
-            if stored is None and not study.get_trials(deepcopy=False):
-                for i, point in enumerate(spec.file.first_trials):  # enqueued: not the design's points (design_index)
-                    study.enqueue_trial(point, user_attrs={"first_trial": i}, skip_if_exists=True)
-            elif stored and stored["search_space"] != (now := json.loads(json.dumps(spec.to_attr()["search_space"]))):
+            if stored and stored["search_space"] != (now := json.loads(json.dumps(spec.to_attr()["search_space"]))):
                 added = sorted(set(now) - set(stored["search_space"]))
                 if added and set(added) <= set(spec.file.sampler.added) and all(
                         now.get(k) == v for k, v in stored["search_space"].items()):
@@ -154,6 +162,15 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
         st.finish(status, tags=tags, clear=(keys.TAG_FAILURE,) if status == "FINISHED" else ())
     return {"counts": counts, "best": best, "parent_run_id": parent_run_id, "worker_errors": source.worker_died,
             "storage_url": storage_url, "interrupted": interrupted}
+
+
+def hardware_problems(spec: SweepSpec, nproc: int | None) -> list[str]:
+    """What the trials' base config cannot do on this hardware at `nproc` ranks (harness.parallel.validate: a
+    batch that does not split over them, a device or precision not here), before a study or run exists."""
+    from harness.parallel import validate  # lazy: torch
+
+    cfg, _ = build_config(spec.base_config)  # searched keys at their defaults; a trial's own values fail that trial
+    return [] if cfg is None else [f"{spec.path}: {p}" for p in validate(cfg, world_size=nproc)]
 
 
 def print_dry_run(spec: SweepSpec) -> None:
@@ -225,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(problems)
         trials = [] if args.trials is None else [f"sweep.trials={args.trials}"]
         spec = load_sweep(args.file, args.overrides + trials, args.tracking_uri)
+        if problems := hardware_problems(spec, args.nproc):
+            raise ConfigError(problems)
         if args.dry_run:
             print_dry_run(spec)
             return 0

@@ -2,6 +2,7 @@
 harness.sweep sets, the storage beside a store, and `stored_study`. Optuna alone: no runner, no training."""
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +32,8 @@ STALE_AFTER = 4
 died or lost its database; the next runner to look, on any machine, fails it and makes it up."""
 CONNECT_TIMEOUT_S = 10
 """How long opening a network database may take before the storage is refused (unreachable host)."""
+SCHEMA_ATTEMPTS = 4
+"""Tries at opening a storage whose tables another runner is creating at the same moment (a new database)."""
 STORAGE_ALLOWED = ("an SQLAlchemy database URL that Optuna's RDBStorage opens, e.g. sqlite:///optuna.db or "
                    "postgresql://user@host:5432/db (driver: pip install 'harness[postgres]'), reachable from here")
 
@@ -57,12 +60,21 @@ def make_storage(url: str, *, flag: str = "--storage", heartbeat_s: int | None =
             kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     beat = {} if not heartbeat_s else {"heartbeat_interval": heartbeat_s, "grace_period": STALE_AFTER * heartbeat_s,
                                        "heartbeat_stale_trial_callback": on_stale}
-    try:  # Optuna's heartbeat is experimental (it warns so at every storage)
-        with tracking.sqlite_lock(url), warnings.catch_warnings(action="ignore",
-                                                                category=optuna.exceptions.ExperimentalWarning):
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
-    except (ImportError, sqlalchemy.exc.SQLAlchemyError, OSError) as e:
-        raise ConfigError([f"{flag}: got {tracking.redact(url)!r}: {_reason(e)}; allowed: {STORAGE_ALLOWED}"]) from None
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:  # Optuna's heartbeat is experimental (it warns so at every storage)
+            with tracking.sqlite_lock(url), warnings.catch_warnings(action="ignore",
+                                                                    category=optuna.exceptions.ExperimentalWarning):
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+            break
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+            # runners started at once on a new database race to create Optuna's tables (PostgreSQL: a duplicate
+            # key in pg_type, or a table that already exists): the loser opens them once the winner has made them
+            if attempt == SCHEMA_ATTEMPTS - 1:
+                raise ConfigError([f"{flag}: got {tracking.redact(url)!r}: {_reason(e)}; allowed: {STORAGE_ALLOWED}"]
+                                  ) from None
+            time.sleep(0.5 * (attempt + 1))
+        except (ImportError, sqlalchemy.exc.SQLAlchemyError, OSError) as e:
+            raise ConfigError([f"{flag}: got {tracking.redact(url)!r}: {_reason(e)}; allowed: {STORAGE_ALLOWED}"]) from None
     if backend == "sqlite":
         sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     return storage

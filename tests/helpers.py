@@ -563,3 +563,25 @@ def pdf_text(path) -> tuple[int, str]:
 
     reader = PdfReader(str(path))
     return len(reader.pages), " ".join(" ".join(page.extract_text() for page in reader.pages).split())
+
+
+def uts_problem() -> str | None:
+    """Why a runner cannot be given a host name of its own here (`unshare --uts`: root or CAP_SYS_ADMIN and
+    util-linux), or None where it can."""
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    try:
+        done = subprocess.run(["unshare", "--uts", "sh", "-c", "hostname host-probe && hostname"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unshare --uts failed: {e}"
+    if done.returncode or done.stdout.strip() != "host-probe":
+        return f"unshare --uts is not permitted here (root or CAP_SYS_ADMIN): {(done.stderr or done.stdout).strip()[:200]}"
+    return None
+
+
+def on_host(host: str, command: list[str]) -> list[str]:
+    """`command` in a UTS namespace of its own whose host name is `host` (a machine of its own, as far as the
+    runners' ownership checks go: socket.gethostname() differs, so another runner's pid means nothing here);
+    the same pid as the command (unshare and sh exec it)."""
+    return ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$@"', "sh", *command]

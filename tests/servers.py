@@ -22,6 +22,8 @@ from pathlib import Path
 INSTALL = "apt-get install -y postgresql (Debian/Ubuntu; macOS: brew install postgresql@15)"
 USER, PASSWORD = "harness", "pg-s3cret-Pw"
 """The tests' database role; the password is looked for in every output (it must be nowhere)."""
+ADMIN = "postgres-admin"
+"""The cluster's superuser password (role postgres): databases are made with it."""
 
 
 def free_port() -> int:
@@ -46,6 +48,14 @@ class Postgres:
         secret = f":{PASSWORD}" if password else ""
         return f"postgresql://{USER}{secret}@{host or self.host}:{self.port}/{db}"
 
+    def create_database(self, db: str) -> str:
+        """A new, empty database owned by USER; its URL (no password in it)."""
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres:{ADMIN}@{self.host}:{self.port}/postgres", autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {db} OWNER {USER}")
+        return self.url(db)
+
 
 def start_postgres() -> Postgres:
     """initdb + pg_ctl start (fsync off: a test cluster) in a fresh folder of the system's temporary folder
@@ -62,7 +72,7 @@ def start_postgres() -> Postgres:
             raise FileNotFoundError(f"as root, PostgreSQL needs a `postgres` user and runuser; install: {INSTALL}")
         as_user = [runuser, "-u", "postgres", "--"]
         shutil.chown(root, "postgres")
-    (root / "pw").write_text("postgres-admin\n")
+    (root / "pw").write_text(f"{ADMIN}\n")
     if as_user:
         shutil.chown(root / "pw", "postgres")
     data, port = root / "data", free_port()
@@ -74,10 +84,10 @@ def start_postgres() -> Postgres:
     pg = Postgres("127.0.0.1", port, data, as_user)
     import psycopg
 
-    with psycopg.connect(f"postgresql://postgres:postgres-admin@127.0.0.1:{port}/postgres", autocommit=True) as c:
+    with psycopg.connect(f"postgresql://postgres:{ADMIN}@127.0.0.1:{port}/postgres", autocommit=True) as c:
         c.execute(f"CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'")
-        for db in ("optuna", "mlflow"):
-            c.execute(f"CREATE DATABASE {db} OWNER {USER}")
+    for db in ("optuna", "mlflow"):
+        pg.create_database(db)
     return pg
 
 

@@ -12,7 +12,7 @@ from harness.config import load_config
 from harness.schema import ConfigError
 from reports import build
 
-from helpers import grid_argv, runs_in, store_uri, tiny_grid, write_sweep
+from helpers import fast_overrides, grid_argv, runs_in, store_uri, tiny_grid, write_sweep
 from servers import free_port
 
 BAD_STORAGE = {
@@ -70,3 +70,26 @@ def test_nproc_over_which_the_batch_does_not_split_is_refused_before_the_grid(tm
     assert "ppo.rollout_batch_size: got 8 with ppo.num_minibatches=2 on 3 ranks; allowed: a multiple of" in err, err
     assert "Traceback" not in err
     assert not runs_in(store_uri(tmp_path), "split_grid", "parent")
+
+
+@pytest.mark.parametrize("nproc, why", [("0", "--nproc: got 0; allowed: an integer >= 1"),
+                                        ("-2", "--nproc: got -2; allowed: an integer >= 1"),
+                                        ("3", "ppo.rollout_batch_size: got 8 with ppo.num_minibatches=2 on 3 ranks")])
+def test_harness_launch_refuses_ranks_below_one_or_a_batch_that_does_not_split_before_the_run(
+        tmp_path, tiny_world, capsys, nproc, why):
+    from harness import launch
+
+    sets = [f"--set={o}" for o in fast_overrides(tiny_world, tmp_path, **{"ppo.rollout_batch_size": 8})]
+    assert launch.main(["--nproc", nproc, *sets]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()  # no run folder, no store
+
+
+def test_a_sweep_refuses_nproc_over_which_the_batch_does_not_split_before_its_study(tmp_path, tiny_world, capsys):
+    path = write_sweep(tmp_path, tiny_world, "split_sweep")  # rollout 8 in 2 minibatches: 4 rows, not over 3 ranks
+    assert sweep.main([str(path), "--tracking-uri", store_uri(tmp_path), "--nproc", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "ppo.rollout_batch_size: got 8 with ppo.num_minibatches=2 on 3 ranks; allowed: a multiple of" in err, err
+    assert "Traceback" not in err
+    assert not runs_in(store_uri(tmp_path), "split_sweep", "parent") and not (tmp_path / "optuna.db").exists()

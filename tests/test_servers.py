@@ -6,6 +6,9 @@ train fake tasks (tests/fakes.py). The URLs are the documented ones: no password
 - two sweep runners on one study, one of them killed with kill -9 while its trial trains and restarted while
   the other works: distinct trials, each configuration trained in one run, the dead trial made up once, no
   crash;
+- two sweep runners on two host names (`unshare --uts`: neither can see the other's processes as its own), one
+  lost with kill -9 of its whole process group mid-trial: the other leaves its trial alone while its heartbeat
+  is fresh and makes it up once after it goes stale;
 - two grid runners on the server store: the second is refused while the first holds the grid, each run is
   trained once, a rerun of the finished grid leaves its parent FINISHED;
 - one study and one parent run whether the password is in the URL or in PGPASSWORD, and no password in any
@@ -30,11 +33,11 @@ from harness.lease import Lease
 from harness.registry import load_registry
 from harness.schema import parse_overrides
 from harness.study import Runner, study_hash
-from harness.sweepstore import database_identity, make_storage
-from harness.trials import ATTR_RUNNER
+from harness.sweepstore import STALE_AFTER, database_identity, make_storage
+from harness.trials import ATTR_RUNNER, trial_id_of
 
 from fakes import runner_command
-from helpers import alive_in, last_step, runs_in, started, tiny_grid, wait_for, write_sweep
+from helpers import alive_in, last_step, on_host, runs_in, started, tiny_grid, uts_problem, wait_for, write_sweep
 from servers import PASSWORD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +100,120 @@ def test_two_sweep_runners_one_killed_and_restarted_share_one_postgres_study(
     assert not [r for r in runs_in(uri, name) if r.info.status == "RUNNING"]
     (parent,) = runs_in(uri, name, "parent")
     assert parent.info.status == "FINISHED"
+
+
+def test_a_runner_on_another_host_makes_up_a_lost_runners_trial_only_once_its_heartbeat_is_stale(
+        tmp_path, tiny_world, postgres, mlflow_server):
+    """Runner A on host-a and runner B on host-b (UTS namespaces of their own: each sees the other's trial as
+    another machine's, so only the heartbeat in the database tells B that A is gone). A's whole process group is
+    killed with -9 while its trial trains (a machine lost: its run left RUNNING); B, working, must not touch that
+    trial while its heartbeat is fresh, then fails it and makes it up exactly once."""
+    if why := uts_problem():
+        pytest.skip(why)
+    beat = 3  # seconds; stale after STALE_AFTER x beat (a trial of host-b ends well within it: B looks at the study)
+    name, uri, storage = "pg_hosts", mlflow_server.uri, postgres.url("optuna")
+    path = write_sweep(tmp_path, tiny_world, name, trials=3, steps=30, output_dir=False)
+    argv = [str(path), "--trials", "3", "--workers", "1", "--storage", storage, "--tracking-uri", uri, "--threads", "1",
+            "--heartbeat", str(beat), "--set", "sweep.sampler.name=random", "--set", "sweep.pruner.name=none"]
+    a, b = machine(tmp_path, "a"), machine(tmp_path, "b")
+    cmd = runner_command("harness.sweep", *argv)
+    reader = make_storage(storage)  # the test's own reads of the database
+    with started("harness.sweep", argv, a, a / "runner.log", command=on_host("host-a", cmd), **ENV) as lost, \
+            started("harness.sweep", argv, b, b / "runner.log", command=on_host("host-b", cmd), **ENV) as other:
+        study = wait_for(lambda: _study(storage, name), lost, "the study", a / "runner.log")
+
+        def in_flight(host: str):  # a trial of the runner on `host`, its run past step 2
+            for t in study.get_trials(states=(TrialState.RUNNING,)):
+                runs = tracking.find_runs(uri, name, {K.TAG_TRIAL: str(t.number)})
+                if t.user_attrs.get(ATTR_RUNNER, {}).get("host") == host and runs \
+                        and last_step(uri, runs[-1].info.run_id) >= 2:
+                    return t
+        victim = wait_for(lambda: in_flight("host-a"), lost, "a trial of host-a in flight", a / "runner.log")
+        wait_for(lambda: in_flight("host-b") or study.get_trials(states=(TrialState.COMPLETE,)), other,
+                 "host-b at work", b / "runner.log")
+        os.killpg(lost.pid, signal.SIGKILL)  # host-a is lost: its runner and its worker, no run ended
+        lost.wait()
+        victim_id = trial_id_of(reader, name, victim.number)
+        fresh, seen = STALE_AFTER * beat - 0.5, []  # (state, heartbeat age) as the database has them, at once
+        while other.poll() is None and (not seen or seen[-1][0] == "RUNNING"):
+            with reader.engine.connect() as conn:
+                seen.append(tuple(conn.exec_driver_sql(
+                    "SELECT t.state::text, EXTRACT(EPOCH FROM now() - h.heartbeat)::float FROM trials t "
+                    "JOIN trial_heartbeats h ON h.trial_id = t.trial_id WHERE t.trial_id = %s", (victim_id,)).one()))
+            time.sleep(0.2)
+        assert other.wait(timeout=300) == 0, (b / "runner.log").read_text()[-4000:]
+    reader.engine.dispose()
+    out = logs_of(a / "runner.log", b / "runner.log")
+    assert "Traceback" not in out and PASSWORD not in out
+    assert [s for s in seen if s[0] == "RUNNING" and s[1] < fresh], f"never seen fresh after the kill: {seen}"
+    assert not [s for s in seen if s[0] != "RUNNING" and s[1] < fresh], f"failed while its heartbeat was fresh: {seen}"
+    assert seen[-1][0] == "FAIL", seen
+
+    trials = study.get_trials()
+    assert trials[victim.number].state == TrialState.FAIL
+    (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == victim.number]  # made up exactly once, by B
+    assert retry.state == TrialState.COMPLETE and retry.params == victim.params
+    assert retry.user_attrs[ATTR_RUNNER]["host"] == "host-b"
+    assert f"trial {victim.number} " in out and "no heartbeat from its runner; made up with the same values" in out
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 3 and len(trials) == 4 and len({tuple(sorted(t.params.items())) for t in done}) == 3, trials
+    runs = runs_in(uri, name)
+    finished = Counter(r.data.tags[K.TAG_CONFIG_HASH] for r in runs if r.info.status == "FINISHED")
+    assert len(finished) == 3 and set(finished.values()) == {1}, finished  # each configuration trained once
+    assert not [r for r in runs if r.info.status == "RUNNING"]  # the lost run ended KILLED by B
+    (parent,) = runs_in(uri, name, "parent")
+    assert parent.info.status == "FINISHED"
+
+
+def test_runners_that_start_at_once_on_a_new_database_all_open_it(postgres):
+    """Each runner's storage creates Optuna's tables where they are missing; several machines started at once
+    on a new database race to create them (PostgreSQL: a duplicate key in pg_type). Every one must open it
+    (before: the losers were refused as a bad --storage URL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    n = 6
+    for attempt in range(3):
+        url, barrier = postgres.create_database(f"race{attempt}"), Barrier(n)
+
+        def opened(_: int) -> str:
+            barrier.wait()
+            storage = make_storage(url)
+            try:
+                return database_identity(storage)
+            finally:
+                storage.engine.dispose()  # the session's server has 100 connection slots for every test
+
+        with ThreadPoolExecutor(n) as pool:
+            assert len(set(pool.map(opened, range(n)))) == 1
+
+
+def test_runners_that_open_a_new_study_at_once_queue_its_first_trials_once(tmp_path, tiny_world, postgres):
+    """The sweep file's first_trials (the paper's point) are queued by the runner whose study creation won (one
+    row in the database); runners of other machines opening the same new study at the same moment queue none
+    (before: each that saw an empty study queued them, and the point ran as two trials, its run trained twice)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from harness.sweepfile import load_sweep
+
+    first = "first_trials:\n  - {reward.clip: 0.8, ppo.kl_coef: 0.05}\n  - {reward.clip: 0.3, ppo.kl_coef: 0.1}\n"
+    path = write_sweep(tmp_path, tiny_world, "pg_first", extra=first)
+    spec = load_sweep(path, [], f"sqlite:///{tmp_path / 'mlflow.db'}")
+    n = 4
+    for attempt in range(3):
+        url, barrier = postgres.create_database(f"first{attempt}"), Barrier(n)
+
+        def opened(_: int) -> None:
+            barrier.wait()
+            sweep.open_study(spec, url)[1].engine.dispose()
+
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(opened, range(n)))
+        storage = make_storage(url)
+        study = optuna.load_study(study_name="pg_first", storage=storage)
+        assert sorted(t.user_attrs["first_trial"] for t in study.get_trials()) == [0, 1], attempt
+        storage.engine.dispose()
 
 
 def test_two_grid_runners_on_the_server_store_train_each_run_once(tmp_path, tiny_world, mlflow_server):
