@@ -2,13 +2,13 @@
 harness.sweep sets, the storage beside a store, and `stored_study`. Optuna alone: no runner, no training."""
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import optuna
 import sqlalchemy
+import tenacity
 
 from harness import schema, tracking
 from harness.schema import ConfigError
@@ -60,21 +60,19 @@ def make_storage(url: str, *, flag: str = "--storage", heartbeat_s: int | None =
             kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     beat = {} if not heartbeat_s else {"heartbeat_interval": heartbeat_s, "grace_period": STALE_AFTER * heartbeat_s,
                                        "heartbeat_stale_trial_callback": on_stale}
-    for attempt in range(SCHEMA_ATTEMPTS):
-        try:  # Optuna's heartbeat is experimental (it warns so at every storage)
-            with tracking.sqlite_lock(url), warnings.catch_warnings(action="ignore",
-                                                                    category=optuna.exceptions.ExperimentalWarning):
+    # runners started at once on a new database race to create Optuna's tables (PostgreSQL: a duplicate key in
+    # pg_type, or a table that already exists): the loser tries again once the winner has made them
+    retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type((sqlalchemy.exc.IntegrityError,
+                                                                          sqlalchemy.exc.ProgrammingError)),
+                                 stop=tenacity.stop_after_attempt(SCHEMA_ATTEMPTS),
+                                 wait=tenacity.wait_incrementing(start=0.5, increment=0.5), reraise=True)
+    try:  # Optuna's heartbeat is experimental (it warns so at every storage)
+        for attempt in retrying:
+            with attempt, tracking.sqlite_lock(url), warnings.catch_warnings(
+                    action="ignore", category=optuna.exceptions.ExperimentalWarning):
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
-            break
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
-            # runners started at once on a new database race to create Optuna's tables (PostgreSQL: a duplicate
-            # key in pg_type, or a table that already exists): the loser opens them once the winner has made them
-            if attempt == SCHEMA_ATTEMPTS - 1:
-                raise ConfigError([f"{flag}: got {tracking.redact(url)!r}: {_reason(e)}; allowed: {STORAGE_ALLOWED}"]
-                                  ) from None
-            time.sleep(0.5 * (attempt + 1))
-        except (ImportError, sqlalchemy.exc.SQLAlchemyError, OSError) as e:
-            raise ConfigError([f"{flag}: got {tracking.redact(url)!r}: {_reason(e)}; allowed: {STORAGE_ALLOWED}"]) from None
+    except (ImportError, sqlalchemy.exc.SQLAlchemyError, OSError) as e:
+        raise ConfigError([f"{flag}: got {tracking.redact(url)!r}: {_reason(e)}; allowed: {STORAGE_ALLOWED}"]) from None
     if backend == "sqlite":
         sqlalchemy.event.listen(storage.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     return storage
