@@ -110,7 +110,9 @@ def start_mlflow_server(pg: Postgres, root: Path, timeout_s: float = 180) -> Mlf
     cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", pg.url("mlflow"),
            "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
-    env = {**os.environ, "PGPASSWORD": PASSWORD}
+    # MLflow's job runner off (huey consumers for its GenAI jobs; no request here makes a job): four more
+    # processes that each import MLflow, ~28 s of CPU in the half minute after the server is up
+    env = {**os.environ, "PGPASSWORD": PASSWORD, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"

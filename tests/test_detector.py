@@ -131,7 +131,9 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     from analysis import detector as D
 
     uri = f"sqlite:///{tmp_path / 's.db'}"
-    write_store(uri, synthetic_runs())
+    runs = synthetic_runs()
+    first = [r for r in runs if r[0] == "fitfile" and r[3] == "w0"]  # the 12 runs of the first split, alone in the store
+    write_store(uri, first)  # (each load below reads every run of the store: 12 here, not 48)
     save = tmp_path / "fitted.json"
     argv = ["--tracking-uri", uri, "--fit-world", "w0", "--fit-files", "fitfile", "--fit-seeds", "0-5",
             "--out", str(tmp_path / "out")]
@@ -140,6 +142,7 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert D.main(["fit", *argv, "--save", str(save)]) == 2 and "at least 20 runs" in capsys.readouterr().err
 
     # enough runs: the fit world and both files, seeds 0-4 (20 runs); held out: seed 5 and world w1
+    write_store(uri, [r for r in runs if r not in first])
     argv = ["--tracking-uri", uri, "--fit-world", "w0", "--fit-files", "fitfile,otherfile", "--fit-seeds", "0-4",
             "--out", str(tmp_path / "out")]
     assert D.main(["fit", *argv, "--save", str(save)]) == 0

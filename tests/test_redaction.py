@@ -152,13 +152,14 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180) -> Non
 @pytest.mark.slow
 def test_a_live_servers_view_run_lines_are_masked(tmp_path, tiny_world):
     """MLflow writes `View run NAME at: URL` to stdout itself when a run on a server ends: the grid's
-    parent run in the runner's process, the run in its worker's."""
+    parent run in the runner's process, the run in its worker's. The server's job runner is off, as in
+    tests/servers.py (four processes importing MLflow for jobs that no request here makes)."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
                                "--artifacts-destination", str(tmp_path / "artifacts")],
-                              cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+                              cwd=tmp_path, env={**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until_up(f"http://127.0.0.1:{port}", server)
         grid = tiny_grid(tmp_path, tiny_world, "live_grid")
