@@ -207,14 +207,20 @@ def assert_resumed_like(uri: str, run_id: str, want: dict[str, list[tuple[int, f
     assert got == want
 
 
+def foreground_signals() -> None:
+    """In a child before it starts: Ctrl-C's default, as a terminal's foreground job has it, whatever the test run
+    inherited (a suite started in the background, `cmd &`, runs with SIGINT ignored, and so would its children)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def started(module: str, argv: list[str], cwd: Path, log: Path, command: list[str] | None = None, **env: str):
-    """`python -m module argv` in a session of its own (as a runner started from a shell); whatever
+    """`python -m module argv` in a session of its own (as a runner started from a shell's foreground); whatever
     of that session is still alive at the end is killed."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env}
     with open(log, "w") as out:
         proc = subprocess.Popen(command or [sys.executable, "-m", module, *argv], cwd=cwd, env=full_env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=foreground_signals)
     try:
         yield proc
     finally:

@@ -159,7 +159,7 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert (tmp_path / "out" / "detector.png").is_file()
     # the fitted file reloads to the same detector, its provenance names the split and the store
     p = load_params(save)
-    assert p.provenance["split"] == {"world": "w0", "files": ["fitfile", "otherfile"], "seeds": [0, 1, 2, 3, 4]}
+    assert p.provenance["split"] == {"world": "w0", "files": ["fitfile", "otherfile"], "seeds": [0, 1, 2, 3, 4], "trials": None}
     assert p.provenance["fit_runs"] == 20 and p.provenance["fit_fell"] == 10
     # the baselines' thresholds, fit on the same runs, travel with it: a store without its fit runs uses them
     assert p.provenance["baselines"] == {n: b["threshold"] for n, b in ev["baselines"].items()}

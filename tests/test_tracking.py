@@ -7,6 +7,8 @@ from pathlib import Path
 
 from harness import tracking
 
+from helpers import foreground_signals
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -108,14 +110,22 @@ uri, inside = sys.argv[1], sys.argv[2] == "inside"
 for trial in range(6):  # a Ctrl-C lands inside a store write most of the time: six tries, at other moments
     run_id = tracking.start_run(uri, "e", f"r{trial}")
     log = tracking.MetricLogger(uri, run_id)
-    main = threading.main_thread().ident
-    threading.Timer(0.3 + 0.07 * trial, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    main, heard = threading.main_thread().ident, threading.Event()
+
+    def press(first: float) -> None:  # Ctrl-C, and again while it goes unheard (a finalizer can swallow one)
+        time.sleep(first)
+        while not heard.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+            heard.wait(1.0)
+
+    threading.Thread(target=press, args=(0.3 + 0.07 * trial,), daemon=True).start()
     interrupted, step = False, 0
     try:
         while True:  # a run logging its steps until Ctrl-C
             step += 1
             log.log({f"m{i}": float(i) for i in range(50)}, step=step)
     except KeyboardInterrupt:
+        heard.set()
         if inside:
             tracking.end_run(uri, run_id, "KILLED")
         interrupted = True
@@ -134,7 +144,7 @@ def test_a_ctrl_c_inside_a_store_write_ends_the_run_killed_once_outside_the_exce
     script.write_text(INTERRUPTED_WRITES)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     p = subprocess.run([sys.executable, str(script), uri, "outside"], capture_output=True, text=True, timeout=600,
-                       cwd=REPO)
+                       cwd=REPO, preexec_fn=foreground_signals)
     assert p.returncode == 0 and "ended" in p.stdout, p.stdout + p.stderr[-3000:]
     runs = tracking.client(uri).search_runs([tracking.client(uri).get_experiment_by_name("e").experiment_id])
     assert len(runs) == 6 and {r.info.status for r in runs} == {"KILLED"}
