@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness import keys as K
-from harness import tracking
+from harness import statefile, tracking
 from harness.study import Outcome, Task, register_task_kind
 
 HERE = Path(__file__).resolve().parent
@@ -52,7 +52,7 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
         run_id = tracking.start_run(uri, log["experiment"], log["run_name"],
                                     tags={**log["tags"], **task.tags, K.TAG_ROLE: "train", K.TAG_SEED: str(seed), **parent})
         start = 0
-        state.write_text(json.dumps({"run_id": run_id, "step": 0}))  # as harness.train's run.json: a run killed
+        statefile.write_json(state, {"run_id": run_id, "step": 0})  # as harness.train's run.json: a run killed
         # before its first step is resumed into the same run, from step 0
     tracking.set_tags(uri, run_id, {K.TAG_PID: str(os.getpid())})
     logger = tracking.MetricLogger(uri, run_id)
@@ -66,7 +66,7 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
                 return Outcome(task.key, task.label, "FAILED", run_id, step - 1, error="non-finite loss (fake)")
             metrics = {k: value(k, variant, seed, step) for k in LOGGED}
             logger.log(metrics, step=step)
-            state.write_text(json.dumps({"run_id": run_id, "step": step}))  # a checkpoint every step
+            statefile.write_json(state, {"run_id": run_id, "step": step})  # a checkpoint every step, whole or not at all
             on_step(step, metrics)
     except KeyboardInterrupt:
         interrupted = True  # ended KILLED outside this block, as harness.train does (tracking.release_interrupted_writes)
