@@ -96,72 +96,75 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
     if spec.worlds:  # built once each (cached by config hash), as a grid over worlds does
         build_worlds(spec.worlds, uri, max(1, workers))
     study, storage = open_study(spec, storage_url, heartbeat_s)
-    status, interrupted = "FINISHED", False
-    # one study, however its URL is spelled (password in it or in PGPASSWORD): the database's own identity
-    with Study(uri, spec.name, ("sweep", spec.name, database_identity(storage)), runs_dir=runs_dir,
-               exclusive=False, what="python -m harness.sweep", noun="sweep") as st:
-        with st.creation_lock():  # one parent run when two sweeps start at once on this machine
-            stored = study.user_attrs.get(ATTR_SWEEP)
-            if stored and stored["search_space"] != (now := json.loads(json.dumps(spec.to_attr()["search_space"]))):
-                added = sorted(set(now) - set(stored["search_space"]))
-                if added and set(added) <= set(spec.file.sampler.added) and all(
-                        now.get(k) == v for k, v in stored["search_space"].items()):
-                    print(f"[sweep {spec.name}] choices added to the study (sampler.added): {', '.join(added)}; its "
-                          "earlier trials keep their draws and ran without them")
-                else:
-                    print(f"[sweep {spec.name}] warning: the search space differs from the one this study was started "
-                          "with; continuing the same study")
-            study.set_user_attr(ATTR_SWEEP, spec.to_attr())
-        parent_run_id = st.parent(create=True, run_name=f"sweep {spec.name}", tags={
-            keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,
-            "harness.optuna_storage": tracking.redact(storage_url), "harness.sweep_file": str(spec.path)}, params={
-            "sweep.direction": spec.direction, "sweep.objective": spec.metric,
-            **{f"sweep.objective.{k}": v for k, v in dataclasses.asdict(spec.file.objective).items() if k != "metric"},
-            "sweep.search_space": spec.to_attr()["search_space"], "sweep.sampler": dataclasses.asdict(spec.file.sampler),
-            "sweep.pruner": dataclasses.asdict(spec.file.pruner), "sweep.seeds": spec.seeds, "sweep.steps": spec.steps})
-        with st.creation_lock():
-            runs = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {})
-            if runs.get(tracking.redact(uri)) != parent_run_id:
-                tracking.log_text_artifact(uri, parent_run_id, spec.path.read_text(), "sweep.yaml")
-                study.set_user_attr(ATTR_PARENT_RUNS, {**runs, tracking.redact(uri): parent_run_id})
-        lost = made_up(spec, study, storage)  # dead runners' trials (harness.trials): made up here
-        counts = trial_counts(study)
-        remaining = max(0, spec.trials - counts["counted"] - counts["running"])  # queued ones are run here
-        n_workers = max(0, min(workers, remaining * len(spec.units))) if workers else 0
-        print(f"[sweep {spec.name}] study in {tracking.redact(storage_url)}: {counts['counted']} finished, "
-              f"{counts['running']} running elsewhere, {counts['interrupted']} interrupted"
-              + (f" (trials {lost} of a runner that died: made up)" if lost else "")
-              + f"; target {spec.trials} total -> running {remaining} now with {max(1, n_workers) if remaining else 0}"
-              " worker(s)", flush=True)
-        cpus = max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None
-        threads = threads or spec.base_config.get("threads") or cpus
-        heartbeat = Heartbeat(storage, spec.name, heartbeat_s)
-        source = TrialSource(spec, study, storage, threads, nproc, launcher, parent_run_id, heartbeat)
-        progress = Progress(spec.name, source.total, 0, bars=False)
-        try:
-            outcomes, interrupted = st.execute(source, executor=executor, workers=n_workers if remaining else 0,
-                                               progress=progress, cluster=cluster)
-        finally:
-            if source.open:  # Ctrl-C, or a runner-side error: made up next time
-                source.interrupt()
-                interrupted = True
-            heartbeat.stop()
-        tags: dict[str, str] = {}
-        if interrupted:
-            status = "KILLED"
-        elif source.worker_died:
-            status = "FAILED"
-            reason = "; ".join(dict.fromkeys(source.worker_died)) + "; rerun the same command to make them up"
-            tags[keys.TAG_FAILURE] = reason[:4000]
-            print(f"[sweep {spec.name}] warning: {reason}", file=sys.stderr)
-        counts = trial_counts(study)
-        best = next(iter(study.best_trials), None) if any(
-            t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) else None
-        if best:
-            tags |= {"harness.best_trial": str(best.number), "harness.best_params": json.dumps(best.params)[:5000]}
-        st.finish(status, tags=tags, clear=(keys.TAG_FAILURE,) if status == "FINISHED" else ())
-    return {"counts": counts, "best": best, "parent_run_id": parent_run_id, "worker_errors": source.worker_died,
-            "storage_url": storage_url, "interrupted": interrupted}
+    try:
+        status, interrupted = "FINISHED", False
+        # one study, however its URL is spelled (password in it or in PGPASSWORD): the database's own identity
+        with Study(uri, spec.name, ("sweep", spec.name, database_identity(storage)), runs_dir=runs_dir,
+                   exclusive=False, what="python -m harness.sweep", noun="sweep") as st:
+            with st.creation_lock():  # one parent run when two sweeps start at once on this machine
+                stored = study.user_attrs.get(ATTR_SWEEP)
+                if stored and stored["search_space"] != (now := json.loads(json.dumps(spec.to_attr()["search_space"]))):
+                    added = sorted(set(now) - set(stored["search_space"]))
+                    if added and set(added) <= set(spec.file.sampler.added) and all(
+                            now.get(k) == v for k, v in stored["search_space"].items()):
+                        print(f"[sweep {spec.name}] choices added to the study (sampler.added): {', '.join(added)}; its "
+                              "earlier trials keep their draws and ran without them")
+                    else:
+                        print(f"[sweep {spec.name}] warning: the search space differs from the one this study was started "
+                              "with; continuing the same study")
+                study.set_user_attr(ATTR_SWEEP, spec.to_attr())
+            parent_run_id = st.parent(create=True, run_name=f"sweep {spec.name}", tags={
+                keys.TAG_SWEEP: spec.name, "harness.optuna_study": spec.name,
+                "harness.optuna_storage": tracking.redact(storage_url), "harness.sweep_file": str(spec.path)}, params={
+                "sweep.direction": spec.direction, "sweep.objective": spec.metric,
+                **{f"sweep.objective.{k}": v for k, v in dataclasses.asdict(spec.file.objective).items() if k != "metric"},
+                "sweep.search_space": spec.to_attr()["search_space"], "sweep.sampler": dataclasses.asdict(spec.file.sampler),
+                "sweep.pruner": dataclasses.asdict(spec.file.pruner), "sweep.seeds": spec.seeds, "sweep.steps": spec.steps})
+            with st.creation_lock():
+                runs = dict(study.user_attrs.get(ATTR_PARENT_RUNS) or {})
+                if runs.get(tracking.redact(uri)) != parent_run_id:
+                    tracking.log_text_artifact(uri, parent_run_id, spec.path.read_text(), "sweep.yaml")
+                    study.set_user_attr(ATTR_PARENT_RUNS, {**runs, tracking.redact(uri): parent_run_id})
+            lost = made_up(spec, study, storage)  # dead runners' trials (harness.trials): made up here
+            counts = trial_counts(study)
+            remaining = max(0, spec.trials - counts["counted"] - counts["running"])  # queued ones are run here
+            n_workers = max(0, min(workers, remaining * len(spec.units))) if workers else 0
+            print(f"[sweep {spec.name}] study in {tracking.redact(storage_url)}: {counts['counted']} finished, "
+                  f"{counts['running']} running elsewhere, {counts['interrupted']} interrupted"
+                  + (f" (trials {lost} of a runner that died: made up)" if lost else "")
+                  + f"; target {spec.trials} total -> running {remaining} now with {max(1, n_workers) if remaining else 0}"
+                  " worker(s)", flush=True)
+            cpus = max(1, (os.cpu_count() or 1) // n_workers) if n_workers > 1 else None
+            threads = threads or spec.base_config.get("threads") or cpus
+            heartbeat = Heartbeat(storage, spec.name, heartbeat_s)
+            source = TrialSource(spec, study, storage, threads, nproc, launcher, parent_run_id, heartbeat)
+            progress = Progress(spec.name, source.total, 0, bars=False)
+            try:
+                outcomes, interrupted = st.execute(source, executor=executor, workers=n_workers if remaining else 0,
+                                                   progress=progress, cluster=cluster)
+            finally:
+                if source.open:  # Ctrl-C, or a runner-side error: made up next time
+                    source.interrupt()
+                    interrupted = True
+                heartbeat.stop()
+            tags: dict[str, str] = {}
+            if interrupted:
+                status = "KILLED"
+            elif source.worker_died:
+                status = "FAILED"
+                reason = "; ".join(dict.fromkeys(source.worker_died)) + "; rerun the same command to make them up"
+                tags[keys.TAG_FAILURE] = reason[:4000]
+                print(f"[sweep {spec.name}] warning: {reason}", file=sys.stderr)
+            counts = trial_counts(study)
+            best = next(iter(study.best_trials), None) if any(
+                t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) else None
+            if best:
+                tags |= {"harness.best_trial": str(best.number), "harness.best_params": json.dumps(best.params)[:5000]}
+            st.finish(status, tags=tags, clear=(keys.TAG_FAILURE,) if status == "FINISHED" else ())
+        return {"counts": counts, "best": best, "parent_run_id": parent_run_id, "worker_errors": source.worker_died,
+                "storage_url": storage_url, "interrupted": interrupted}
+    finally:  # its connections closed now, not when the process ends (a caller in-process: tests, notebooks)
+        storage.engine.dispose()
 
 
 def hardware_problems(spec: SweepSpec, nproc: int | None) -> list[str]:

@@ -64,9 +64,11 @@ def test_two_sweep_runners_one_killed_and_restarted_share_one_postgres_study(
     logs = [a / "first.log", b / "runner.log", a / "restarted.log"]
     cmd = runner_command("harness.sweep", *argv)
     with contextlib.ExitStack() as stack:
+        reader = make_storage(storage)  # the test's own reads of the database
+        stack.callback(reader.engine.dispose)
         first = stack.enter_context(started("harness.sweep", argv, a, logs[0], command=cmd, **ENV))
         other = stack.enter_context(started("harness.sweep", argv, b, logs[1], command=cmd, **ENV))
-        study = wait_for(lambda: _study(storage, name), first, "the study", logs[0])
+        study = wait_for(lambda: _study(reader, name), first, "the study", logs[0])
 
         def first_ones_trial():  # a trial of the first runner, its run past step 2
             for t in study.get_trials(states=(TrialState.RUNNING,)):
@@ -120,7 +122,7 @@ def test_a_runner_on_another_host_makes_up_a_lost_runners_trial_only_once_its_he
     reader = make_storage(storage)  # the test's own reads of the database
     with started("harness.sweep", argv, a, a / "runner.log", command=on_host("host-a", cmd), **ENV) as lost, \
             started("harness.sweep", argv, b, b / "runner.log", command=on_host("host-b", cmd), **ENV) as other:
-        study = wait_for(lambda: _study(storage, name), lost, "the study", a / "runner.log")
+        study = wait_for(lambda: _study(reader, name), lost, "the study", a / "runner.log")
 
         def in_flight(host: str):  # a trial of the runner on `host`, its run past step 2
             for t in study.get_trials(states=(TrialState.RUNNING,)):
@@ -261,8 +263,10 @@ def test_one_study_and_parent_however_the_url_is_spelled_and_no_password_anywher
     monkeypatch.delenv("PGPASSWORD", raising=False)
     first = make_storage(in_url)
     monkeypatch.setenv("PGPASSWORD", PASSWORD)
-    assert database_identity(first) == database_identity(make_storage(in_env))
+    second = make_storage(in_env)
+    assert database_identity(first) == database_identity(second)
     assert PASSWORD not in database_identity(first)
+    first.engine.dispose()
 
     path = write_sweep(tmp_path, tiny_world, name, trials=1)
     common = [str(path), "--tracking-uri", uri, "--workers", "0", "--threads", "1"]
@@ -273,7 +277,7 @@ def test_one_study_and_parent_however_the_url_is_spelled_and_no_password_anywher
     out, err = capsys.readouterr()
     assert PASSWORD not in out + err
     (parent,) = runs_in(uri, name, "parent")  # one parent: the same study
-    study = optuna.load_study(study_name=name, storage=make_storage(in_env))
+    study = optuna.load_study(study_name=name, storage=second)
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2
     assert {r.data.tags["mlflow.parentRunId"] for r in runs_in(uri, name)} == {parent.info.run_id}
     c = tracking.client(uri)
@@ -281,11 +285,14 @@ def test_one_study_and_parent_however_the_url_is_spelled_and_no_password_anywher
         data = c.get_run(run.info.run_id).data
         assert PASSWORD not in repr(data.params) + repr(data.tags)
     assert PASSWORD not in repr(study.user_attrs) + repr([t.user_attrs for t in study.get_trials()])
+    second.engine.dispose()
 
 
-def _study(storage: str, name: str):
+def _study(storage, name: str):
+    """The study in `storage` (one RDBStorage the test opened: a storage per poll would hold a connection each
+    until collected, and the session's server has 100 slots for every test), or None while it is not there."""
     with contextlib.suppress(KeyError):
-        return optuna.load_study(study_name=name, storage=make_storage(storage))
+        return optuna.load_study(study_name=name, storage=storage)
 
 
 @pytest.fixture(autouse=True)
