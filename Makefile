@@ -53,11 +53,12 @@ run: $(STAMP)
 	$(VPY) -m harness.main --ablation $(ABLATION) --workers $(WORKERS)
 
 # The linter first (seconds), then the whole suite on cores + 1 workers (pytest-xdist): a test file stays on one
-# worker (--dist loadfile), so a module's shared fixtures (a trained reference grid) are made once.
+# worker (--dist loadfile), so a module's shared fixtures (a trained reference grid) are made once; modules go out
+# in tests/conftest.py's order, longest first (--no-loadscope-reorder: xdist's own order is by test count).
 # Targeted runs: .venv/bin/python -m pytest -q tests/test_study.py -k sigterm (docs/CONTRIBUTING.md).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # The committed reference results from scratch (python -m reports.rerun --help); resumable.
 reference: $(STAMP)

@@ -35,10 +35,10 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import filelock
 
@@ -57,6 +57,31 @@ GRACE_S = 60.0  # after the runner died: how long a worker waits for its run to 
 
 class StudyBusy(RuntimeError):
     """Another runner holds this study's exclusive lock."""
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM that arrive inside this block act when it ends, through the handler they had.
+    The runner's reads and writes of the store run inside one: a KeyboardInterrupt raised in the middle of
+    a SQLAlchemy fetch makes SQLAlchemy drop the connection and then log the failed close of its cursor
+    as an error with two tracebacks ('Error closing cursor'), on the researcher's terminal under the
+    runner's own summary. Outside the main thread (no signal handlers there) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler not in (signal.SIG_IGN, None):  # an ignored signal stays ignored (a job started with `&`)
+            previous[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])  # the handler it had: a KeyboardInterrupt here, after the store call
 
 
 # ------------------------------------------------------------------ tasks and outcomes
@@ -594,6 +619,10 @@ class Study:
         futures: dict[Future, Task] = {}
 
         def collect(f: Future, t: Task) -> None:
+            with interrupts_held():
+                collect_held(f, t)
+
+        def collect_held(f: Future, t: Task) -> None:
             try:
                 out = f.result()
             except Exception as e:  # noqa: BLE001 - a dead worker process, or submitit's FailedJobError
@@ -608,10 +637,14 @@ class Study:
         try:
             while True:
                 free = (max(1, workers) - len(futures))
-                for t in source.take(free) if free > 0 else []:
+                with interrupts_held():
+                    taken = source.take(free) if free > 0 else []
+                for t in taken:
                     t.parent_run_id, t.runner = t.parent_run_id or self.parent_run_id, runner
                     outcomes[t.key] = Outcome(t.key, t.label, "KILLED", error="interrupted", note="interrupted")
-                    f = ex.submit(run_task, t, task_kind(t.kind))
+                    # --workers 0 trains right here, in submit: a Ctrl-C there must reach the training
+                    with interrupts_held() if workers > 0 else nullcontext():
+                        f = ex.submit(run_task, t, task_kind(t.kind))
                     futures[f] = t
                     if f.done():  # --workers 0 ran it already
                         collect(f, futures.pop(f))
@@ -624,9 +657,10 @@ class Study:
                     collect(f, futures.pop(f))
                 if futures:
                     running = list(futures.values())
-                    source.poll(running)
-                    if progress is not None:
-                        progress.show(self.uri, running)
+                    with interrupts_held():
+                        source.poll(running)
+                        if progress is not None:
+                            progress.show(self.uri, running)
             ex.shutdown()
         except KeyboardInterrupt:
             interrupted = True

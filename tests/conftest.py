@@ -72,10 +72,11 @@ def mlflow_server(postgres, tmp_path_factory):
 
 HEAVY_FIRST = ("test_study", "test_ablate", "test_redaction", "test_servers", "test_sweep", "test_distributed",
                "test_gpu_check", "test_detector", "test_warning_signals", "test_tricks", "test_reports",
-               "test_interrupts", "test_study_e2e", "test_ownership", "test_install")
+               "test_interrupts", "test_study_e2e", "test_shipped_world", "test_ownership", "test_install")
 """Modules that take longest (bench/RESULTS.md, session 16: the suite's durations), run first. Each module runs on
-one xdist worker (--dist loadfile), which hands modules out in collection order: one that starts last holds the
-run's end while the other workers idle."""
+one xdist worker (--dist loadfile), which hands modules out in collection order (`make test` passes
+--no-loadscope-reorder: xdist's default order is by number of tests, which put the few-but-long modules last): one
+that starts last holds the run's end while the other workers idle."""
 
 
 def pytest_collection_modifyitems(session, config, items):

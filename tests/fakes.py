@@ -46,12 +46,15 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
     if task.resume and state.exists():
         saved = json.loads(state.read_text())
         run_id, start = saved["run_id"], saved["step"]
+        # as harness.train's RunLog: a step logged before its checkpoint was written (killed in between) is
+        # replayed, not logged a second time
+        logged = tracking.last_logged_steps(uri, run_id)
         tracking.reopen_run(uri, run_id)
     else:
         parent = {"mlflow.parentRunId": p} if (p := task.parent_run_id or log.get("parent_run_id")) else {}
         run_id = tracking.start_run(uri, log["experiment"], log["run_name"],
                                     tags={**log["tags"], **task.tags, K.TAG_ROLE: "train", K.TAG_SEED: str(seed), **parent})
-        start = 0
+        start, logged = 0, {}
         statefile.write_json(state, {"run_id": run_id, "step": 0})  # as harness.train's run.json: a run killed
         # before its first step is resumed into the same run, from step 0
     tracking.set_tags(uri, run_id, {K.TAG_PID: str(os.getpid())})
@@ -65,7 +68,8 @@ def fake_train(task: Task, on_step: Callable[..., bool]) -> Outcome:
                 tracking.end_run(uri, run_id, "FAILED")
                 return Outcome(task.key, task.label, "FAILED", run_id, step - 1, error="non-finite loss (fake)")
             metrics = {k: value(k, variant, seed, step) for k in LOGGED}
-            logger.log(metrics, step=step)
+            if new := {k: v for k, v in metrics.items() if step > logged.get(k, -1)}:
+                logger.log(new, step=step)
             statefile.write_json(state, {"run_id": run_id, "step": step})  # a checkpoint every step, whole or not at all
             on_step(step, metrics)
     except KeyboardInterrupt:

@@ -89,3 +89,34 @@ def test_executor_options_that_cannot_run_are_refused_before_anything_exists(
     assert not (tmp_path / "optuna.db").exists()  # no study
     if (tmp_path / "mlflow.db").exists():  # no experiment, no parent run
         assert tracking.client(uri).search_experiments(filter_string="name != 'Default'") == []
+
+
+def test_a_ctrl_c_or_sigterm_inside_a_held_block_acts_when_it_ends_and_an_ignored_one_stays_ignored():
+    from harness.study import interrupts_held
+
+    reached_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # a handler would have run by now: the store call in here goes on
+            reached_end = True
+    assert reached_end and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def as_runner(signum, frame):  # what harness.study's runner installs for SIGTERM
+        raise KeyboardInterrupt("signal SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, as_runner)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with interrupts_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGTERM) is as_runner
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # started with `&`: Ctrl-C ignored, and still after the block
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
