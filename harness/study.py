@@ -668,6 +668,10 @@ class Study:
                 progress.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
             stop.touch()  # the workers stop their runs (a Ctrl-C reached them too; a SIGTERM only us)
             ex.shutdown(cancel=True)
+        except BaseException:  # the runner cannot go on (its study's database lost): as on Ctrl-C, the runs in
+            stop.touch()  # flight end KILLED (resumable) before it says why, rather than train on unrecorded
+            ex.shutdown(cancel=True)
+            raise
         finally:
             stop.unlink(missing_ok=True)
             if progress is not None:

@@ -47,6 +47,7 @@ from harness.sweepstore import (
     ATTR_SWEEP,
     HEARTBEAT_S,
     database_identity,
+    database_problem,
     default_storage_url,
     make_storage,
 )
@@ -139,11 +140,18 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
             heartbeat = Heartbeat(storage, spec.name, heartbeat_s)
             source = TrialSource(spec, study, storage, threads, nproc, launcher, parent_run_id, heartbeat)
             progress = Progress(spec.name, source.total, 0, bars=False)
+            lost = False
             try:
                 outcomes, interrupted = st.execute(source, executor=executor, workers=n_workers if remaining else 0,
                                                    progress=progress, cluster=cluster)
+            except optuna.exceptions.StorageInternalError as e:  # the study's database stopped answering: its
+                lost = True  # open trials go stale and are made up by the next runner to look
+                heartbeat.stop()
+                st.finish("FAILED", tags={keys.TAG_FAILURE: f"the study's database stopped answering: "
+                                                            f"{database_problem(e)}"[:4000]})
+                raise
             finally:
-                if source.open:  # Ctrl-C, or a runner-side error: made up next time
+                if source.open and not lost:  # Ctrl-C, or a runner-side error: made up next time
                     source.interrupt()
                     interrupted = True
                 heartbeat.stop()
@@ -263,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     except StudyBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except optuna.exceptions.StorageInternalError as e:
+        print(f"error: the study's database {tracking.redact(args.storage or 'beside the MLflow store')} stopped "
+              f"answering ({database_problem(e)}); the runs in flight ended KILLED and finished trials are kept: rerun "
+              "the same command once it answers, and the study goes on where it stopped", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted; rerun the same command to continue the study", file=sys.stderr)
         return 130

@@ -87,6 +87,16 @@ def _reason(e: BaseException) -> str:
     return tracking.redact(head)
 
 
+def database_problem(e: BaseException) -> str:
+    """What went wrong with the study's database, in one line. Optuna wraps every database error of a running
+    study in StorageInternalError ("invalid data in the commit, e.g. exceeding max length", whatever
+    happened); the driver's message at the bottom of its chain says what did (a server gone, connections
+    refused, out of slots)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {_reason(e)}"
+
+
 def database_identity(storage: Any) -> str:
     """The database a storage holds, however its URL is written (password in the URL or in PGPASSWORD,
     localhost or 127.0.0.1, user name or none): PostgreSQL's cluster identifier and database name, MySQL's

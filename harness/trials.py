@@ -30,7 +30,7 @@ from harness.config import config_hash, merge
 from harness.study import REUSED, Outcome, Runner, Task, plan
 from harness.summary import by_step, reduce_run
 from harness.sweepfile import Objective, StudyObjective, SweepSpec, build_config, fmt_value, trial_config
-from harness.sweepstore import ATTR_OUTCOME, fail_stale
+from harness.sweepstore import ATTR_OUTCOME, database_problem, fail_stale
 
 ATTR_RUNNER = "runner"
 """Trial user attr: the runner that asked it ({host, pid, started}: a pid with its start time is one process)."""
@@ -365,7 +365,7 @@ class Heartbeat:
                 try:
                     self.storage.record_heartbeat(trial_id)
                 except Exception as e:  # noqa: BLE001 - a database hiccup must not end the beat (the trial would go stale)
-                    print(f"warning: heartbeat of trial id {trial_id} not recorded ({tracking.redact(str(e))[:200]}); "
+                    print(f"warning: heartbeat of trial id {trial_id} not recorded ({database_problem(e)[:300]}); "
                           "retrying", flush=True)
 
     def stop(self) -> None:

@@ -11,6 +11,8 @@ train fake tasks (tests/fakes.py). The URLs are the documented ones: no password
   is fresh and makes it up once after it goes stale;
 - two grid runners on the server store: the second is refused while the first holds the grid, each run is
   trained once, a rerun of the finished grid leaves its parent FINISHED;
+- a sweep whose database stops answering mid-trial ends with one error line, nothing RUNNING, and its rerun
+  finishes the study with each configuration trained once;
 - one study and one parent run whether the password is in the URL or in PGPASSWORD, and no password in any
   output, param, tag or study attribute.
 """
@@ -299,3 +301,58 @@ def _study(storage, name: str):
 def _password_in_env_only(monkeypatch):
     """The runners of these tests find the password in PGPASSWORD (ENV); this process too, for its reads."""
     monkeypatch.setenv("PGPASSWORD", PASSWORD)
+
+
+def test_a_database_lost_mid_sweep_ends_the_runner_with_one_line_and_a_rerun_finishes_the_study(
+        tmp_path, tiny_world, postgres):
+    """The study's database stops answering while a trial trains (its connections cut, new ones refused, as a
+    server restarted or out of slots does): the runner ends with one `error:` line saying what happened and what
+    to do (no traceback through Optuna and SQLAlchemy), its run is not left RUNNING, and once the database is
+    back the same command finishes the study with each configuration trained once."""
+    import psycopg
+
+    from servers import ADMIN
+
+    name, db = "pg_lost", "lostdb"
+    storage, uri = postgres.create_database(db), f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = write_sweep(tmp_path, tiny_world, name, trials=3, steps=60, output_dir=False)
+    argv = [str(path), "--trials", "3", "--workers", "1", "--storage", storage, "--tracking-uri", uri,
+            "--threads", "1", "--heartbeat", "1", "--set", "sweep.sampler.name=random", "--set", "sweep.pruner.name=none"]
+    cmd, logs = runner_command("harness.sweep", *argv), [tmp_path / "lost.log", tmp_path / "again.log"]
+    admin = f"postgresql://postgres:{ADMIN}@{postgres.host}:{postgres.port}/postgres"
+
+    def database(allow: bool) -> None:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS {str(allow).lower()}")
+            if not allow:
+                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (db,))
+
+    with started("harness.sweep", argv, tmp_path, logs[0], command=cmd, **ENV) as lost:
+        wait_for(lambda: [r for r in runs_in(uri, name) if last_step(uri, r.info.run_id) >= 2], lost,
+                 "a trial in flight", logs[0])
+        database(allow=False)
+        code = lost.wait(timeout=120)
+    out = logs[0].read_text()
+    database(allow=True)
+    assert code == 1, out[-3000:]
+    assert "Traceback" not in out and PASSWORD not in out, out[-3000:]
+    (last,) = [line for line in out.splitlines() if line.startswith("error:")]
+    assert "database" in last and "rerun the same command" in last, last
+    deadline = time.monotonic() + 60  # the worker's watchdog ends the runner's run when it sees the runner gone
+    while [r for r in runs_in(uri, name) if r.info.status == "RUNNING"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [r for r in runs_in(uri, name) if r.info.status == "RUNNING"]
+    (parent,) = runs_in(uri, name, "parent")  # closed with the reason, not left RUNNING
+    assert parent.info.status == "FAILED" and "stopped answering" in parent.data.tags[K.TAG_FAILURE], parent
+
+    with started("harness.sweep", argv, tmp_path, logs[1], command=cmd, **ENV) as again:
+        assert again.wait(timeout=300) == 0, logs[1].read_text()[-3000:]
+    assert "Traceback" not in logs[1].read_text()
+    reader = make_storage(storage)
+    trials = optuna.load_study(study_name=name, storage=reader).get_trials()
+    reader.engine.dispose()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 3 and not [t for t in trials if t.state == TrialState.RUNNING], trials
+    finished = Counter(r.data.tags[K.TAG_CONFIG_HASH] for r in runs_in(uri, name) if r.info.status == "FINISHED")
+    assert len(finished) == 3 and set(finished.values()) == {1}, finished
+    assert not [r for r in runs_in(uri, name) if r.info.status == "RUNNING"]
