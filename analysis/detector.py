@@ -13,7 +13,10 @@ The split (recorded in the fitted file): the fit runs are those on the fit world
 files, at the fit seeds; every other run is held out and grouped by how it differs from them: a
 world built from another seed or at another size (one group per world), another figure file on the
 fit world, or another seed of a fit file on the fit world. A held-out run whose config and seed
-equal a fit run's (vanilla PPO appears in several files) is the same run and is dropped.
+equal a fit run's (vanilla PPO appears in several files) is the same run and is dropped, and so is
+one that repeats another held-out run (one configuration in two held-out files). Where both kinds
+are held out, the held-out runs are pooled also by their estimator: with a critic (gae, what the
+committed detectors were fit on) and critic-free (grpo, rloo, ...).
 
 Fit: a logistic regression (scikit-learn, balanced classes, L2) of the features at each step
 (harness.detector.FEATURES) on the label "the gold falls within `lead` steps, or has fallen"; the
@@ -44,6 +47,7 @@ from scipy import stats
 from analysis.store import distinct_values, provenance_tags
 from harness import keys as K
 from harness import tracking
+from harness.algorithms.names import NEEDS_CRITIC
 from harness.config import CollapseConfig, from_dict
 from harness.detector import (
     BASE_FEATURES,
@@ -101,6 +105,8 @@ class RunData:
     """Its `provenance.*` tags, prefix dropped (analysis.store.provenance_tags)."""
     trial: int | None = None
     """Its trial number, for a run of a design study (tag harness.trial); None for a figure file's run."""
+    estimator: str = "gae"
+    """ppo.adv_estimator: with a critic (gae) or one of the critic-free estimators."""
 
     @property
     def fell(self) -> bool:
@@ -131,7 +137,8 @@ def _load_run(uri: str, run: Any) -> RunData | None:
                    gold_onset(_collapse_cfg(p), [(s, rows[s][K.GOLD_SCORE]) for s in steps]), steps[-1],
                    int(parse_value(p.get("generation.max_new_tokens", "0")) or 0),
                    commit=t.get(K.TAG_COMMIT, "?"), provenance=provenance_tags(t),
-                   trial=int(t[K.TAG_TRIAL]) if t.get(K.TAG_TRIAL, "").isdigit() else None)
+                   trial=int(t[K.TAG_TRIAL]) if t.get(K.TAG_TRIAL, "").isdigit() else None,
+                   estimator=str(parse_value(p.get("ppo.adv_estimator", "gae"))))
 
 
 def load_runs(uri: str) -> list[RunData]:
@@ -175,12 +182,25 @@ def world_names(runs: list[RunData]) -> dict[str, str]:
 
 
 def assign(runs: list[RunData], split: Split) -> list[RunData]:
-    """Each run's group; held-out runs that are a fit run again (same world, config and seed) dropped."""
+    """Each run's group; a held-out run that is a fit run again, or another held-out run again (same world,
+    config and seed: one configuration in two figure files, the same training twice), dropped, so that no
+    run is scored twice."""
     names = world_names(runs)
     for r in runs:
         r.group = split.group(r, names)
-    fit = {(r.world, r.config_hash, r.seed) for r in runs if r.group == "fit"}
-    return [r for r in runs if r.group == "fit" or (r.world, r.config_hash, r.seed) not in fit]
+    seen = {(r.world, r.config_hash, r.seed) for r in runs if r.group == "fit"}
+    out = []
+    for r in runs:
+        key = (r.world, r.config_hash, r.seed)
+        if r.group == "fit" or key not in seen:
+            out.append(r)
+            seen.add(key)
+    return out
+
+
+POOLED = ("held-out, with a critic", "held-out, critic-free", "held-out (all)")
+"""Held-out runs pooled across the groups: by whether their estimator has a critic (the committed detectors
+were fit on PPO runs with one), and all of them."""
 
 
 # ------------------------------------------------------------------ features and the fit
@@ -458,8 +478,11 @@ def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_
                            "(another world, figure file or seed)"])
     fit_runs = groups.get("fit", [])
     out: dict[str, Any] = {"threshold": params.threshold, "groups": {}, "baselines": {}, "curve": []}
-    names = ["fit", *sorted(g for g in groups if g != "fit"), "held-out (all)"]
+    names = ["fit", *sorted(g for g in groups if g != "fit"), *POOLED]
+    critic = [r for r in held if r.estimator in NEEDS_CRITIC]
     members = {**groups, "held-out (all)": held}
+    if 0 < len(critic) < len(held):  # both kinds held out: each pooled too
+        members |= {POOLED[0]: critic, POOLED[1]: [r for r in held if r.estimator not in NEEDS_CRITIC]}
     warns = {r.run_id: warn_step(params, r) for r in runs}
     for g in names:
         if g in members:
@@ -653,7 +676,7 @@ def draw(ev: dict[str, Any], out: Path) -> list[Path]:
     a.legend(fontsize=7, loc="lower right")
     runs = pd.DataFrame(ev["runs"])
     hits = runs[runs["onset"].notna() & runs["warning"].notna()].assign(lead=lambda d: d["onset"] - d["warning"])
-    groups = [g for g in ev["groups"] if g != "held-out (all)"]
+    groups = [g for g in ev["groups"] if g not in POOLED]
     b.boxplot([hits.loc[hits["group"] == g, "lead"].to_numpy() for g in groups], showfliers=True)
     b.set_xticks(range(1, len(groups) + 1), [g.replace("held-out ", "") for g in groups], rotation=15, fontsize=7)
     b.axhline(0, color="k", lw=0.8)

@@ -13,6 +13,7 @@ from harness import tracking
 from harness.detector import (
     BASE_FEATURES,
     BASE_SIGNALS,
+    DEFAULT_PARAMS_NO_AUDIT,
     FEATURES,
     Detector,
     DetectorParams,
@@ -165,6 +166,29 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert p.provenance["baselines"] == {n: b["threshold"] for n, b in ev["baselines"].items()}
     again = D.main(["evaluate", *argv, "--params", str(save)])
     assert again == 0 and capsys.readouterr().out.strip().splitlines()[-1] == last
+
+
+def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has_a_critic():
+    """One configuration in two figure files is the same training twice: scored once, not as two runs. The
+    committed detectors were fit on PPO runs with a critic; held-out critic-free runs are pooled apart."""
+    from analysis import detector as D
+
+    def run(i: int, ablation: str, estimator: str, seed: int, at: int | None = None, config: str = "") -> D.RunData:
+        rows = stream(160 if at is None else at + 40, at=at, seed=seed)
+        return D.RunData(f"r{i}", ablation, "v", seed, "w0", config or f"{ablation}:{estimator}",
+                         list(enumerate(rows, 1)), at, len(rows), 24, estimator=estimator)
+
+    runs = [run(0, "fitfile", "gae", 0), run(1, "a", "gae", 1), run(2, "b", "gae", 1, config="a:gae"),
+            run(3, "a", "grpo", 1), run(4, "a", "grpo", 2, at=50), run(5, "fitfile", "gae", 1, config="fitfile:gae")]
+    kept = D.assign(runs, D.Split("w0", ["fitfile"], [0]))
+    assert [r.run_id for r in kept] == ["r0", "r1", "r3", "r4", "r5"]  # r2 repeats r1 (another file, same run)
+    groups = D.evaluate(kept, load_params(DEFAULT_PARAMS_NO_AUDIT))["groups"]
+    assert {g: s["runs"] for g, s in groups.items()} == {
+        "fit": 1, "held-out figure files": 3, "held-out seeds": 1, "held-out, with a critic": 2,
+        "held-out, critic-free": 2, "held-out (all)": 4}
+    assert groups["held-out, critic-free"]["fell"] == 1 and groups["held-out, with a critic"]["fell"] == 0
+    only_ppo = D.evaluate([r for r in kept if r.estimator == "gae"], load_params(DEFAULT_PARAMS_NO_AUDIT))["groups"]
+    assert "held-out, critic-free" not in only_ppo and "held-out, with a critic" not in only_ppo
 
 
 def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold():
