@@ -662,16 +662,14 @@ class Study:
                         if progress is not None:
                             progress.show(self.uri, running)
             ex.shutdown()
-        except KeyboardInterrupt:
-            interrupted = True
-            if progress is not None:
+        except BaseException as e:  # Ctrl-C / SIGTERM, or the runner cannot go on (its study's database lost)
+            interrupted = isinstance(e, KeyboardInterrupt)
+            if interrupted and progress is not None:
                 progress.write("\ninterrupted: runs in flight end KILLED; rerun the same command to resume them")
-            stop.touch()  # the workers stop their runs (a Ctrl-C reached them too; a SIGTERM only us)
+            stop.touch()  # the workers stop their runs KILLED, resumable (a Ctrl-C reached them too; a SIGTERM only us)
             ex.shutdown(cancel=True)
-        except BaseException:  # the runner cannot go on (its study's database lost): as on Ctrl-C, the runs in
-            stop.touch()  # flight end KILLED (resumable) before it says why, rather than train on unrecorded
-            ex.shutdown(cancel=True)
-            raise
+            if not interrupted:  # an error: said by the caller once the runs in flight have ended
+                raise
         finally:
             stop.unlink(missing_ok=True)
             if progress is not None:

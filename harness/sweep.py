@@ -140,18 +140,16 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage_url: str | None = No
             heartbeat = Heartbeat(storage, spec.name, heartbeat_s)
             source = TrialSource(spec, study, storage, threads, nproc, launcher, parent_run_id, heartbeat)
             progress = Progress(spec.name, source.total, 0, bars=False)
-            lost = False
             try:
                 outcomes, interrupted = st.execute(source, executor=executor, workers=n_workers if remaining else 0,
                                                    progress=progress, cluster=cluster)
-            except optuna.exceptions.StorageInternalError as e:  # the study's database stopped answering: its
-                lost = True  # open trials go stale and are made up by the next runner to look
-                heartbeat.stop()
+            except optuna.exceptions.StorageInternalError as e:  # the study's database stopped answering: it
+                source.open.clear()  # cannot be told; its open trials go stale and are made up by the next runner
                 st.finish("FAILED", tags={keys.TAG_FAILURE: f"the study's database stopped answering: "
                                                             f"{database_problem(e)}"[:4000]})
                 raise
             finally:
-                if source.open and not lost:  # Ctrl-C, or a runner-side error: made up next time
+                if source.open:  # Ctrl-C, or a runner-side error: made up next time
                     source.interrupt()
                     interrupted = True
                 heartbeat.stop()
