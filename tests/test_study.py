@@ -8,7 +8,7 @@ collapse and its step count.
 
 The runner semantics (kill -9, SIGTERM, a dead worker, two sweeps at once) run fake training tasks
 (tests/fakes.py: the store and run folders as real runs leave them, in milliseconds a step): one real
-kill -9 and resume per runner stays, in test_ablate.py and test_study_e2e.py. Grids run 100-step
+kill -9 and resume per runner stays, in test_ablate.py and test_study_e2e.py. Grids run 60-step
 fake runs (long enough to be in flight when killed), sweeps 2-step trials.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from helpers import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 100  # fake steps (tests/fakes.py: STEP_S each): a run is seconds in flight
+STEPS = 60  # fake steps (tests/fakes.py: STEP_S each): a run is seconds in flight, a watchdog sees its runner gone in ~1 s
 LONG = ["--set", f"ppo.steps={STEPS}"]  # the grid files of helpers.tiny_grid train 20 steps
 
 

@@ -311,7 +311,7 @@ def test_nan_trial_is_recorded_failed_and_the_sweep_goes_on(tmp_path, tiny_world
 
 @pytest.mark.slow
 def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp_path, tiny_world, fake_training):
-    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=100)  # fake steps: seconds in flight
+    path = write_sweep(tmp_path, tiny_world, "kill_sweep", trials=3, steps=50)  # fake steps: seconds in flight
     proc = subprocess_sweep(tmp_path, path, "--workers", "2")
     victim = None
     while victim is None and proc.poll() is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import random
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,9 +30,10 @@ from harness.world import (
     world_config_hash,
 )
 from harness.world import __main__ as cli
-from harness.world.build import INFO_FILE, WORLD_FILE
+from harness.world.build import INFO_FILE
 from harness.world.config import TaskConfig
 from harness.world.gold import gold_breakdown
+from harness.world.load import WORLD_FILE
 from harness.world.preferences import bt_label
 from harness.world.reward_model import score_diffs
 
@@ -70,6 +73,15 @@ def _digests(d: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------
 # The built world
 # --------------------------------------------------------------------------------------------
+def test_reading_a_world_imports_no_torch(tiny):
+    """What only reads a world (a runner resolving `world:` paths before any run, analysis, reports) loads it
+    without the builder's torch, transformers and GPT-2 (harness.world.load): seconds of a core per process."""
+    code = (f"import sys; from harness.world import load_world; w = load_world({str(tiny['dir'])!r}); "
+            "print(w.sft_dir.is_dir(), sorted({'torch', 'transformers', 'mlflow'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True []", out.stderr
+
+
 def test_tiny_world_has_the_contract_layout(tiny):
     w = load_world(tiny["dir"])
     assert isinstance(w, World) and w.config_hash == world_config_hash(tiny["cfg"])

@@ -4,14 +4,15 @@ pretrained and SFT GPT-2 models, a hidden gold reward, preference pairs and a re
 
 The names below load on first use (PEP 562): the builder pulls in torch, transformers and MLflow
 (~8 s of a core), which `python -m harness.world --help`, `gold` and every reader of a world's
-config alone do not need."""
+config or folder (harness.world.load) do not need."""
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 _FROM = {  # name -> the module of harness.world that defines it
-    **dict.fromkeys(("World", "WorldError", "build_world", "built_hash", "load_world"), "build"),
+    **dict.fromkeys(("World", "WorldError", "built_hash", "load_world"), "load"),
+    "build_world": "build",
     **dict.fromkeys(("TINY", "WORLD_FORMAT", "WorldConfig", "load_world_config", "world_config_from_dict",
                      "world_config_hash"), "config"),
     **dict.fromkeys(("gold_reward", "gold_breakdown"), "gold"),
@@ -36,7 +37,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from harness.world.build import World, WorldError, build_world, built_hash, load_world
+    from harness.world.build import build_world
     from harness.world.config import (
         TINY,
         WORLD_FORMAT,
@@ -46,3 +47,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         world_config_hash,
     )
     from harness.world.gold import gold_breakdown, gold_reward
+    from harness.world.load import World, WorldError, built_hash, load_world

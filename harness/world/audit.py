@@ -83,7 +83,8 @@ def _build_into(world_dir: Path, tmp: Path, n: int, progress: bool) -> None:
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    from harness.world.build import load_world, stage_seed
+    from harness.world.build import stage_seed
+    from harness.world.load import load_world
     from harness.world.preferences import make_pairs
     from harness.world.reward_model import accuracy, encode_pairs, reward_model_from, score_diffs, train_reward_model
     from harness.world.shipped import content_hash
