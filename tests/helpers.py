@@ -28,6 +28,7 @@ from pydantic import AfterValidator
 
 from harness import keys as K
 from harness import tracking
+from harness.world.config import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout's root."""
@@ -84,6 +85,15 @@ def hh_tokenizer(n_texts: int, vocab: int):
     tk = word_tokenizer(n_texts, vocab, ["<pad>", "<eos>", "<unk>"])
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
+
+MICRO = {
+    **TINY,
+    "corpus.pretrain_docs": 200, "corpus.sft_examples": 200,
+    "pretrain.steps": 4, "sft.steps": 4, "rm.steps": 4, "rm.eval_every": 2,
+    "prefs.train_pairs": 48, "prefs.eval_pairs": 24,
+}
+"""A world smaller still than TINY (1.5 s of a core to build against 6.8): for tests of files, hashes and bookkeeping
+that build worlds of their own; its models are untrained."""
 
 VARIANTS = ["reward scale", "reward normalize, δ=0.8"]
 """The two variants of `tiny_grid`."""

@@ -24,7 +24,7 @@ from harness import ablate
 from harness import keys as K
 from harness import summary as S
 
-from helpers import STEPS, VARIANTS, tiny_grid, write_sweep
+from helpers import MICRO, STEPS, VARIANTS, tiny_grid, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -227,9 +227,7 @@ def test_missing_world_fails_before_any_run_with_the_build_command(tmp_path, cap
 
 
 def test_world_kind_grid_logs_reward_model_training_as_child_runs(tmp_path, store, capsys):
-    from harness.world import TINY
-
-    sets = "\n".join(f"  {k}: {v}" for k, v in TINY.items())
+    sets = "\n".join(f"  {k}: {v}" for k, v in MICRO.items())
     p = tmp_path / "tiny_rm.yaml"
     p.write_text(f'name: tiny_rm\nfigure: "3"\nkind: world\nseeds: [0]\nset:\n{sets}\n'
                  f'variants:\n  - name: "reward model"\npanels: [rm_accuracy]\n')

@@ -35,6 +35,7 @@ from harness.study import Study, task_kind
 
 from fakes import expected_points, runner_command
 from helpers import (
+    MICRO,
     VARIANTS,
     alive_in,
     assert_resumed_like,
@@ -343,10 +344,8 @@ def test_a_sweep_rerun_after_a_dead_worker_leaves_its_parent_finished_without_th
 # ---------------------------------------------------------------------------- 5. a grid over two worlds
 @pytest.mark.slow
 def test_a_grid_over_two_worlds_builds_each_once_and_tags_its_runs(tmp_path, tiny_world, monkeypatch, capsys):
-    from harness.world import TINY
-
     monkeypatch.chdir(tmp_path)  # the worlds' cache, .harness/worlds/, is under the working directory
-    worlds = "worlds: [0, 1]\nworld_set:\n" + "".join(f"  {k}: {v}\n" for k, v in TINY.items())
+    worlds = "worlds: [0, 1]\nworld_set:\n" + "".join(f"  {k}: {v}\n" for k, v in MICRO.items())
     path = tiny_grid(tmp_path, tiny_world, "worlds_grid", extra_variant=worlds)
     argv = grid_argv(tmp_path, path, "--variant", VARIANTS[0], "--set", "ppo.steps=4", "--workers", "2")
 
@@ -384,7 +383,7 @@ def test_a_grid_over_two_worlds_builds_each_once_and_tags_its_runs(tmp_path, tin
 
     abl = tmp_path / "abl"
     abl.mkdir()
-    ref_worlds = "reference_worlds: [0, 1]\nworld_set:\n" + "".join(f"  {k}: {v}\n" for k, v in TINY.items())
+    ref_worlds = "reference_worlds: [0, 1]\nworld_set:\n" + "".join(f"  {k}: {v}\n" for k, v in MICRO.items())
     tiny_grid(abl, tiny_world, "ref_worlds_grid", extra_variant=ref_worlds)
     assert ablate.main([str(abl / "ref_worlds_grid.yaml"), "--dry-run", "--variant", VARIANTS[0]]) == 0
     assert "1 runs (1 variants x 1 seeds)" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """The embedded world: tiny builds, determinism, caching, atomicity, the gold reward, the RM.
 
-Worlds here use `TINY` (seconds) or `MICRO` (a fraction of that, for the bookkeeping tests); MLflow
+Worlds here use `TINY` (seconds) or `MICRO` (tests/helpers.py: a fraction of that, for the bookkeeping tests); MLflow
 logging goes to a real sqlite store under tmp_path and is read back.
 """
 from __future__ import annotations
@@ -37,13 +37,7 @@ from harness.world.load import WORLD_FILE
 from harness.world.preferences import bt_label
 from harness.world.reward_model import score_diffs
 
-# Smaller still than TINY: for tests that only care about files, hashes and bookkeeping.
-MICRO = {
-    **TINY,
-    "corpus.pretrain_docs": 200, "corpus.sft_examples": 200,
-    "pretrain.steps": 4, "sft.steps": 4, "rm.steps": 4, "rm.eval_every": 2,
-    "prefs.train_pairs": 48, "prefs.eval_pairs": 24,
-}
+from helpers import MICRO
 
 
 @pytest.fixture(scope="module")
