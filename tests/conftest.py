@@ -17,11 +17,13 @@ def tiny_world(tmp_path_factory, worker_id):
     folder at a time and returns a built world at once), so the suite builds it once, not once per worker."""
     from harness.world import TINY, build_world, load_world_config
 
+    from helpers import store_uri
+
     root = tmp_path_factory.getbasetemp()
     if worker_id != "master":
         root = root.parent  # this run's folder, the parent of every worker's own
     return build_world(load_world_config(overrides=TINY), root / "tiny_world" / "world",
-                       tracking_uri=f"sqlite:///{root / 'tiny_world' / 'mlflow.db'}", progress=False)
+                       tracking_uri=store_uri(root / 'tiny_world'), progress=False)
 
 
 @pytest.fixture

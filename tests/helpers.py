@@ -172,9 +172,19 @@ search_space:
     return p
 
 
+def sqlite_uri(path: Path | str) -> str:
+    """A SQLite database file as an MLflow tracking URI or an Optuna storage URL (the one place the scheme is spelled)."""
+    return f"sqlite:///{path}"
+
+
 def store_uri(folder: Path) -> str:
     """The SQLite MLflow store folder/mlflow.db as a tracking URI."""
-    return f"sqlite:///{folder / 'mlflow.db'}"
+    return sqlite_uri(folder / "mlflow.db")
+
+
+def study_storage(folder: Path) -> str:
+    """The Optuna storage folder/optuna.db (a sweep's default: next to its MLflow sqlite file)."""
+    return sqlite_uri(folder / "optuna.db")
 
 
 def grid_argv(store: Path, path: Path, *more: str) -> list[str]:

@@ -24,7 +24,7 @@ from harness import ablate
 from harness import keys as K
 from harness import summary as S
 
-from helpers import MICRO, STEPS, VARIANTS, tiny_grid, write_sweep
+from helpers import MICRO, STEPS, VARIANTS, store_uri, study_storage, tiny_grid, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -37,16 +37,12 @@ def store(tmp_path_factory) -> Path:
 
 
 def args(store: Path, path: Path, *more: str) -> list[str]:
-    return [str(path), "--tracking-uri", uri(store), "--runs-dir", str(store / "runs"),
+    return [str(path), "--tracking-uri", store_uri(store), "--runs-dir", str(store / "runs"),
             "--threads", "1", "--no-progress", *more]
 
 
-def uri(store: Path) -> str:
-    return f"sqlite:///{store / 'mlflow.db'}"
-
-
 def runs_of(store: Path, name: str, role: str = "train") -> list:
-    c = MlflowClient(uri(store))
+    c = MlflowClient(store_uri(store))
     exp = c.get_experiment_by_name(name)
     if exp is None:
         return []
@@ -59,7 +55,7 @@ def by_variant(runs) -> dict:
 
 def history(store: Path, run_id: str) -> dict[str, list[tuple[int, float]]]:
     """metric -> [(step, value)] in step order, every logged point (perf/ timings left out)."""
-    c = MlflowClient(uri(store))
+    c = MlflowClient(store_uri(store))
     keys = [k for k in c.get_run(run_id).data.metrics if not k.startswith("perf/")]
     return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k)) for k in keys}
 
@@ -88,7 +84,7 @@ def test_two_variant_grid_end_to_end_then_rerun_skips(reference, store, capsys):
     assert parent.info.status == "FINISHED"
     assert parent.data.tags[K.TAG_ABLATION] == "tiny_grid" and parent.data.tags[K.TAG_FIGURE] == "6"
     assert sorted(by_variant(children)) == sorted(VARIANTS)
-    c = MlflowClient(uri(store))
+    c = MlflowClient(store_uri(store))
     per_run = pd.read_csv(store / "runs" / "tiny_grid" / "summary_runs.csv")
     for r in children:
         t = r.data.tags
@@ -112,7 +108,7 @@ def test_kill_9_of_the_grid_then_rerun_resumes_under_one_parent(tmp_path, store,
     path = tiny_grid(tmp_path, tiny_world, "kill_grid")  # the reference grid's configs under another name
     proc = subprocess.Popen([sys.executable, "-m", "harness.ablate", *args(store, path, "--workers", "2")], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    c = MlflowClient(uri(store))
+    c = MlflowClient(store_uri(store))
 
     def poll_until(found):
         while not (hit := found()):
@@ -180,7 +176,7 @@ def test_failing_variant_leaves_the_others_finished(tmp_path, store, tiny_world,
     parent = runs_of(store, "fail_grid", role="parent")[0]
     assert parent.info.status == "FAILED" and parent.data.tags["harness.failed_runs"] == "1"
     assert parent.data.metrics["grid/failed"] == 1 and parent.data.metrics["grid/runs"] == 3
-    exp = MlflowClient(uri(store)).get_experiment(parent.info.experiment_id)
+    exp = MlflowClient(store_uri(store)).get_experiment(parent.info.experiment_id)
     assert exp.tags["mlflow.note.content"].startswith("tiny two-variant grid")  # the UI's description
 
 
@@ -202,7 +198,7 @@ def test_cluster_engine_with_a_two_rank_run(tmp_path, store, tiny_world):
     (run,) = runs_of(store, "cluster_grid")
     (parent,) = runs_of(store, "cluster_grid", role="parent")
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    steps = [m.step for m in MlflowClient(uri(store)).get_metric_history(run.info.run_id, K.RM_SCORE)]
+    steps = [m.step for m in MlflowClient(store_uri(store)).get_metric_history(run.info.run_id, K.RM_SCORE)]
     assert sorted(steps) == [1, 2]
     assert list((store / "runs" / "cluster_grid" / "submitit").glob("*_result.pkl"))  # submitit ran it
     launch_log = next((store / "runs" / "cluster_grid").glob("*/reward-scale-s0/launch.log")).read_text()
@@ -236,7 +232,7 @@ def test_world_kind_grid_logs_reward_model_training_as_child_runs(tmp_path, stor
     parent = runs_of(store, "tiny_rm", role="parent")[0]
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert run.data.tags[K.TAG_VARIANT] == "reward model" and run.data.tags[K.TAG_FIGURE] == "3"
-    c = MlflowClient(uri(store))
+    c = MlflowClient(store_uri(store))
     assert c.get_metric_history(run.info.run_id, K.RM_EVAL_ACC)
     assert K.RM_SCORE_DIFF in [a.path for a in c.list_artifacts(run.info.run_id)]
     assert "final RM eval acc" in capsys.readouterr().out
@@ -296,7 +292,7 @@ def test_reference_rerun_runs_every_file_resumes_and_builds_the_reference(tmp_pa
     assert rerun.main(argv) == 0
     assert {r.info.status for r in runs_of(ref, "tiny_ref")} == {"FINISHED"} and len(runs_of(ref, "tiny_ref")) == 2
     assert len(runs_of(ref, "tiny_ref_sweep")) == 2  # its 2 trials
-    assert optuna.load_study(study_name="tiny_ref_sweep", storage=f"sqlite:///{ref / 'optuna.db'}").trials
+    assert optuna.load_study(study_name="tiny_ref_sweep", storage=study_storage(ref)).trials
     summary = json.loads((out / "reference.json").read_text())
     assert "tiny_ref" in json.dumps(summary) and (out / "README.md").is_file()
     capsys.readouterr()

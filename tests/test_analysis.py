@@ -20,7 +20,7 @@ from harness.registry import UnknownAblation, ablation_names, find_ablation, loa
 from harness.rules import Claim, EvalScoresShift, Margin, PairsAboveChance, Similar
 from reports.build import final_peak_table
 
-from helpers import ETAS, SEEDS, fast_dir, write_registry
+from helpers import ETAS, SEEDS, fast_dir, sqlite_uri, store_uri, write_registry
 
 
 def write_store(uri: str) -> None:
@@ -53,7 +53,7 @@ def write_store(uri: str) -> None:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "analysis")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = store_uri(root)
     write_store(uri)
     yield {"uri": uri, "registry": write_registry(root / "ablations"), "root": root}
     cleanup()
@@ -104,7 +104,7 @@ def test_ablation_without_runs_is_skipped_not_drawn(env, tmp_path, capsys):
 
 def test_a_reader_given_a_missing_sqlite_store_says_it_holds_no_runs_and_creates_nothing(env, tmp_path, capsys):
     missing = tmp_path / "typo" / "mlflow.db"
-    rc = figures_main(["kl_eta", "--tracking-uri", f"sqlite:///{missing}", "--ablations-dir", str(env["registry"]),
+    rc = figures_main(["kl_eta", "--tracking-uri", sqlite_uri(missing), "--ablations-dir", str(env["registry"]),
                        "--out", str(tmp_path / "out")])
     assert rc == 1 and "no runs" in capsys.readouterr().out
     assert not (tmp_path / "typo").exists()  # neither the database nor its folder
@@ -177,7 +177,7 @@ def test_collapse_markers_and_win_rate_on_the_reward_axis(env):
 def test_the_gold_onset_and_the_warning_have_their_own_markers_and_counts(tmp_path):
     from harness.registry import Registry, Variant
 
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = sqlite_uri(tmp_path / 'm.db')
     write_ablation(uri, "warned", "4", {"early": Curve(collapse_at=30, warn_at=22), "silent": Curve(collapse_at=30),
                                         "false alarm": Curve(warn_at=15)}, seeds=[0, 1], steps=40, sample_every=0)
     d = load_ablation(Registry(name="warned", figure="4", variants=[Variant(v, {}) for v in ("early", "silent",

@@ -5,6 +5,7 @@ dependency. `harness.main` (the main job: world -> grid -> figures -> report) is
 allowed above both analysis and reports.
 """
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,3 +172,12 @@ def test_no_test_module_imports_another_test_module():
                 bad.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not bad, "a test module imports another test module (move what it needs to tests/helpers.py):\n" + \
         "\n".join(bad)
+
+
+def test_the_tests_spell_a_sqlite_store_in_one_place():
+    """A test's SQLite store or study database is tests/helpers.py's sqlite_uri, store_uri or study_storage; a URI
+    written out in a test (sqlite:/// and a path) is only where a literal is the point (an expected message)."""
+    spelled = re.compile(r"sqlite:///\{")
+    bad = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "helpers.py"
+           for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
+    assert not bad, "build the URI with tests/helpers.py's sqlite_uri / store_uri / study_storage:\n" + "\n".join(bad)

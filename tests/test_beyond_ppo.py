@@ -8,6 +8,8 @@ from harness import keys as K
 from harness.registry import ABLATIONS_DIR, load_registry
 from harness.schema import ConfigError
 
+from helpers import store_uri
+
 TINY_RUN = {"ppo.steps": 2, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 1,
             "generation.max_new_tokens": 8, "data.eval_prompts": 4, "logging.eval_every": 2,
             "logging.sample_every": 0, "logging.checkpoint_every": 0, "ppo.critic_pretrain_steps": 0}
@@ -15,7 +17,7 @@ TINY_RUN = {"ppo.steps": 2, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 
 
 @pytest.mark.parametrize("name", ["estimators", "kl_placement", "loss_aggregation", "code_vs_paper"])
 def test_figure_file_runs_end_to_end(name, tiny_world, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     sets = [x for k, v in {**TINY_RUN, "data.world_dir": tiny_world}.items() for x in ("--set", f"{k}={v}")]
     argv = [str(ABLATIONS_DIR / f"{name}.yaml"), "--tracking-uri", uri, "--runs-dir", str(tmp_path / "runs"),
             "--seeds", "0", "--workers", "0", "--threads", "1", "--no-progress", *sets]

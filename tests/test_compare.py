@@ -10,7 +10,7 @@ from analysis.compare import band, main, summarize
 from analysis.store import load_ablation
 from analysis.synthetic import Curve, write_ablation
 
-from helpers import ETAS, fast_dir, write_registry
+from helpers import ETAS, fast_dir, sqlite_uri, write_registry
 
 KL_CURVES = {ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002)}
 LOWER_KL = "A larger KL penalty η keeps KL lower."
@@ -22,7 +22,7 @@ MACHINE_B = {**MACHINE_A, "cpu.model": "Intel(R) Xeon(R)", "world.rm/eval_acc": 
 def stores(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "compare")
     registry = write_registry(root / "ablations")
-    uris = {k: f"sqlite:///{root / f'{k}.db'}" for k in ("ref", "same", "other")}
+    uris = {k: sqlite_uri(root / f"{k}.db") for k in ("ref", "same", "other")}
     write_ablation(uris["ref"], "kl_eta", "15", KL_CURVES, seeds=range(5), steps=20, eval_every=5, provenance=MACHINE_A)
     write_ablation(uris["ref"], "vanilla", "4", {"vanilla PPO": Curve(collapse_at=12)}, seeds=range(5), steps=20)
     ref = {"figures": {n: summarize(load_ablation(n, uris["ref"], registry)) for n in ("kl_eta", "vanilla")},
@@ -89,7 +89,7 @@ def test_a_different_result_is_named_and_still_exits_0(stores, capsys):
 def test_bad_input_exits_2_with_a_message(stores, capsys, tmp_path):
     rc, _, err = run(stores, "other", "apa", capsys=capsys)
     assert rc == 2 and "no figure 'apa' in the reference (it holds: kl_eta, vanilla)" in err
-    rc = main(["--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"])
+    rc = main(["--tracking-uri", sqlite_uri(tmp_path / 'none.db')])
     assert rc == 2 and "no such MLflow store" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{}")
     rc = main(["--tracking-uri", stores["same"], "--reference", str(tmp_path / "bad.json")])
@@ -104,7 +104,7 @@ def test_nothing_to_compare_fails_naming_the_store(stores, capsys, tmp_path):
     assert rc == 1 and "claims agree" in out and f"error: vanilla: the store {stores['same']} holds no runs of it" in err
     from harness import tracking
 
-    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    empty = sqlite_uri(tmp_path / 'empty.db')
     tracking.ensure_experiment(empty, "kl_eta")  # a store with the experiment but no runs
     rc = main(["--tracking-uri", empty, "--reference", str(stores["root"] / "reference.json"),
                "--ablations-dir", str(stores["registry"])])

@@ -17,6 +17,8 @@ from harness import design, sweep, sweepfile
 from harness.config import from_dict
 from harness.schema import ConfigError
 
+from helpers import study_storage
+
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "ablations" / "study_tricks.yaml"
 CRITIC = ["ppo", "apa", "awr"]
@@ -86,7 +88,7 @@ def test_a_seeded_design_reproduces_with_two_runners_and_a_made_up_trial(tmp_pat
     s = spec if sampler == "sobol" else sweepfile.load_sweep(study_copy(tmp_path, sampler={"name": "random", "seed": 3}))
     alone = design.simulate(s.space, lambda: sweepfile.make_sampler(s), 12, s.direction)
     assert alone == design.simulate(s.space, lambda: sweepfile.make_sampler(s), 12, s.direction)
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    url = study_storage(tmp_path)
     a = optuna.create_study(storage=url, study_name="x", sampler=sweepfile.make_sampler(s), direction=s.direction)
     b = optuna.load_study(storage=url, study_name="x", sampler=sweepfile.make_sampler(s))  # a second runner
     got = [ask(a, s), ask(b, s), ask(b, s), ask(a, s)]

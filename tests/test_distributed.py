@@ -43,6 +43,8 @@ import torch
 from harness import keys
 from harness.config import ConfigError, load_config
 
+from helpers import sqlite_uri, store_uri
+
 WORDS = ("the pasta soup curry salad bread was is very quite good bad great awful tasty bland and but "
          "i liked hated it . review of").split()
 SPECIALS = ["[PAD]", "[UNK]", "[EOS]"]
@@ -171,7 +173,7 @@ def overrides(tiny, name: str, **extra) -> list[str]:
         "generation.max_new_tokens": 8, "generation.temperature": 0.9, "generation.top_k": 20,
         "ppo.steps": 3, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 2,
         "ppo.policy_lr": 3e-3, "ppo.critic_lr": 3e-3, "ppo.entropy_coef": 0.01, "ppo.ptx_coef": 0.1, "ppo.ptx_batch_size": 4,
-        "logging.tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "logging.experiment": "dist",
+        "logging.tracking_uri": store_uri(root), "logging.experiment": "dist",
         "logging.output_dir": str(root / "runs"), "logging.run_name": name,
         "logging.eval_every": 2, "logging.sample_every": 1, "logging.num_samples": 8, "logging.checkpoint_every": 0,
         "logging.progress": False, "collapse.enabled": True,
@@ -203,7 +205,7 @@ def write_spec(tiny, name: str, spec: dict) -> Path:
 def client(tiny):
     from harness import tracking
 
-    return tracking.client(f"sqlite:///{tiny['root'] / 'mlflow.db'}")
+    return tracking.client(store_uri(tiny['root']))
 
 
 def runs_named(tiny, name: str):
@@ -227,7 +229,7 @@ def history(tiny, run_id: str) -> dict[int, dict[str, float]]:
 def samples(tiny, run_id: str, step: int) -> list[tuple[str, str]]:
     from harness import tracking
 
-    rows = tracking.load_json_artifact(f"sqlite:///{tiny['root'] / 'mlflow.db'}", run_id, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")["rows"]
+    rows = tracking.load_json_artifact(store_uri(tiny['root']), run_id, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")["rows"]
     return [(r["prompt"], r["response"]) for r in rows]
 
 
@@ -474,7 +476,7 @@ def test_train_refuses_before_any_model_or_mlflow_run(tmp_path, monkeypatch):
     monkeypatch.setattr(models.Models, "__init__", lambda *a, **k: pytest.fail("a model was built"))
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = ["device=cpu", "distributed.deepspeed=true", "distributed.zero_stage=2", "distributed.precision=bf16",
-            f"logging.tracking_uri=sqlite:///{tmp_path / 'm.db'}", f"logging.output_dir={tmp_path / 'runs'}"]
+            f"logging.tracking_uri={sqlite_uri(tmp_path / 'm.db')}", f"logging.output_dir={tmp_path / 'runs'}"]
     with pytest.raises(ConfigError, match="distributed.precision: got 'bf16'"):
         train(load_config(None, args))
     assert not (tmp_path / "m.db").exists() and not (tmp_path / "runs").exists()

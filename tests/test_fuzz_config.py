@@ -18,7 +18,7 @@ from harness.schema import iter_fields, set_dotted
 from harness.train import main as train_main
 from harness.world.config import WorldConfig, load_world_config
 
-from helpers import bad_values, field_parts, mistype
+from helpers import bad_values, field_parts, mistype, store_uri
 
 LOADERS = {TrainConfig: load_config, WorldConfig: load_world_config}
 
@@ -150,7 +150,7 @@ def test_values_this_run_cannot_use_exit_2_before_any_run_exists(tiny_world, tmp
     assert train_main([x for o in over for x in ("--set", o)]) == 2
     err = capsys.readouterr().err
     assert RUN_CASES[override] in err and "Traceback" not in err, err
-    store = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    store = tracking.client(store_uri(tmp_path))
     assert store.get_experiment_by_name("harness") is None  # no run, not even its experiment
 
 

@@ -25,6 +25,8 @@ from bench import gpu_check, gpu_wheels
 from bench.gpu_parts import RUNS, history, responses
 from harness.parallel import cpu_supports_bf16
 
+from helpers import store_uri
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -64,7 +66,7 @@ def test_correctness_compares_every_response_and_metric(cpu_check):
     assert cmp["responses_identical_through_step"] == steps and cmp["n_outside"] == 0, cmp
     assert cmp["values_compared"] > 20 * (steps + 1)  # every metric at step 0 (eval) and each step
     # read back from the store: two finished runs whose sample tables hold every response of a step
-    uri = f"sqlite:///{work / 'mlflow.db'}"
+    uri = store_uri(work)
     runs = res["parts"]["correctness"]["runs"]
     rows = responses(uri, runs["cpu"]["run_id"], 1)
     assert rows == responses(uri, runs["device"]["run_id"], 1) and len(rows) == 8  # the tiny rollout batch
@@ -78,7 +80,7 @@ def test_zero_runs_train_checkpoint_and_resume_on_one_rank(cpu_check):
     from harness.train import load_checkpoint
 
     _, res, work = cpu_check
-    uri = f"sqlite:///{work / 'mlflow.db'}"
+    uri = store_uri(work)
     for part in ("zero2", "zero3"):
         r = res["parts"][part]
         assert all(r["checks"].values()) and r["backend"] == "gloo" and r["deepspeed_accelerator"] == "cpu", r

@@ -11,7 +11,7 @@ from harness import keys, tracking
 from harness.config import ConfigError, load_config
 from harness.train import train
 
-from helpers import HH, hh_tokenizer
+from helpers import HH, hh_tokenizer, sqlite_uri, store_uri
 
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
@@ -40,7 +40,7 @@ def hh_config(hf_dirs: Path, tmp_path: Path, over: dict[str, object]):
         "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48,
         "model.sft_path": str(hf_dirs / "sft"), "model.pretrained_path": str(hf_dirs / "sft"),
         "model.reward_path": str(hf_dirs / "rm"), "model.critic_path": str(hf_dirs / "critic"),
-        "ppo.rollout_batch_size": 4, "ppo.ppo_epochs": 1, "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "ppo.rollout_batch_size": 4, "ppo.ppo_epochs": 1, "logging.tracking_uri": store_uri(tmp_path),
         "logging.output_dir": str(tmp_path / "runs"), "logging.progress": False, "threads": 1,
     }
     return load_config(None, [f"{k}={v}" for k, v in {**base, **over}.items()])
@@ -64,7 +64,7 @@ def test_missing_model_dir_fails_before_training_with_the_field_named(tmp_path):
     hh.write_text("".join(json.dumps({"chosen": f"\n\nHuman: q{i}?\n\nAssistant: yes {i}",
                                       "rejected": f"\n\nHuman: q{i}?\n\nAssistant: no {i}"}) + "\n" for i in range(2)))
     cfg = load_config(None, ["data.source=hh_rlhf", f"data.hh_path={hh}", f"model.sft_path={tmp_path}/nope/",
-                             f"logging.tracking_uri=sqlite:///{tmp_path / 'm.db'}", f"logging.output_dir={tmp_path}", "logging.progress=false"])
+                             f"logging.tracking_uri={sqlite_uri(tmp_path / 'm.db')}", f"logging.output_dir={tmp_path}", "logging.progress=false"])
     with pytest.raises(ConfigError, match=r"model\.sft_path: '.*nope/' is not a directory"):  # preflight, before any run
         train(cfg)
     assert not (tmp_path / "m.db").exists()

@@ -10,13 +10,13 @@ from analysis.synthetic import Curve, write_ablation
 from harness import tracking
 from reports.build import build
 
-from helpers import ETAS, SEEDS, fast_dir, write_registry
+from helpers import ETAS, SEEDS, fast_dir, store_uri, write_registry
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "mlflow-ui")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = store_uri(root)
     parent = write_ablation(uri, "kl_eta", "15", {
         ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002),
     }, seeds=SEEDS, steps=20)

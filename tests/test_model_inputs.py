@@ -18,7 +18,7 @@ from harness.models import Models, load_tokenizer, preflight
 from harness.parallel import enable_gradient_checkpointing
 from harness.trainer import PPOTrainer
 
-from helpers import HH, word_tokenizer
+from helpers import HH, store_uri, word_tokenizer
 
 needs_shared = pytest.mark.skipif(not HH.is_file(), reason=f"{HH} not present")
 
@@ -87,7 +87,7 @@ def _config(root: Path, name: str, tmp_path: Path, **over):
     base = {"data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 48, "data.eval_prompts": 0,
             "model.tokenizer_path": str(d / "tok"), "model.sft_path": str(d / "sft"), "model.pretrained_path": str(d / "sft"), "model.reward_path": str(d / "rm"),
             "ppo.rollout_batch_size": 4, "ppo.num_minibatches": 1, "ppo.ppo_epochs": 1, "generation.max_new_tokens": 6,
-            "logging.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "logging.output_dir": str(tmp_path / "runs"),
+            "logging.tracking_uri": store_uri(tmp_path), "logging.output_dir": str(tmp_path / "runs"),
             "logging.progress": False, "threads": 1}
     return load_config(None, [f"{k}={v}" for k, v in {**base, **over}.items()])
 

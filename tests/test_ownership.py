@@ -17,13 +17,13 @@ from harness.sweepstore import make_storage
 from harness.trials import ATTR_RUNNER, trial_id_of
 
 from fakes import runner_command
-from helpers import started, store_uri, wait_for, write_sweep
+from helpers import started, store_uri, study_storage, wait_for, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_live_trial_of_another_machine_is_left_alone_and_made_up_once_its_heartbeat_stops(tmp_path, tiny_world):
-    path, storage_url = write_sweep(tmp_path, tiny_world, "beats", trials=3), f"sqlite:///{tmp_path / 'optuna.db'}"
+    path, storage_url = write_sweep(tmp_path, tiny_world, "beats", trials=3), study_storage(tmp_path)
     spec = sweepfile.load_sweep(path, ["sweep.sampler.name=random"], store_uri(tmp_path))
     storage = make_storage(storage_url, heartbeat_s=1)
     study = optuna.create_study(storage=storage, study_name="beats", sampler=sweepfile.make_sampler(spec),

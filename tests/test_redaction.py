@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fakes import runner_command
-from helpers import fast_overrides
+from helpers import fast_overrides, sqlite_uri, study_storage
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "S3CRET"
@@ -119,7 +119,7 @@ def test_no_cli_prints_the_password_of_an_unreachable_store(tmp_path, tiny_world
     commands = {
         "harness.train": ["harness.train", *sets(fast_overrides(tiny_world, tmp_path, **{"logging.tracking_uri": dead}))],
         "harness.ablate": ["harness.ablate", str(grid), *store, "--runs-dir", str(tmp_path / "runs"), "--no-progress"],
-        "harness.sweep": ["harness.sweep", str(sweep), *store, "--storage", f"sqlite:///{tmp_path / 'optuna.db'}"],
+        "harness.sweep": ["harness.sweep", str(sweep), *store, "--storage", study_storage(tmp_path)],
         "harness.world": ["harness.world", "build", "--tiny", "--out", str(tmp_path / "w"), "--quiet", *store],
         "analysis.figures": ["analysis.figures", "vanilla", *store, "--no-log", "--out", str(tmp_path / "res")],
         "analysis.claims": ["analysis.claims", "vanilla", *store],
@@ -156,7 +156,7 @@ def test_a_live_servers_view_run_lines_are_masked(tmp_path, tiny_world):
     tests/servers.py (four processes importing MLflow for jobs that no request here makes)."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                               "--workers", "1", "--backend-store-uri", sqlite_uri(tmp_path / 'server.db'),
                                "--artifacts-destination", str(tmp_path / "artifacts")],
                               cwd=tmp_path, env={**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -16,7 +16,7 @@ from harness.registry import REPO_ROOT
 from reports.build import COMBINED, build
 from reports.build import main as build_main
 
-from helpers import ETAS, fast_dir, pdf_text, write_registry
+from helpers import ETAS, fast_dir, pdf_text, store_uri, write_registry
 
 SWEEP_YAML = """
 name: sweep_x
@@ -65,7 +65,7 @@ def write_detector_evaluation(folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "reports")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = store_uri(root)
     write_ablation(uri, "kl_eta", "15", {
         ETAS[0]: Curve(kl_slope=0.006), ETAS[1]: Curve(kl_slope=0.004), ETAS[2]: Curve(kl_slope=0.002),
     }, seeds=(0, 1), steps=20)
@@ -296,7 +296,7 @@ def test_the_reference_readme_rewritten_from_its_summary_keeps_the_paper_order(t
 
 
 def test_merge_asks_for_the_reference_and_the_names_to_put_in(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     for args in (["--merge"], ["vanilla", "--merge"], ["--reference", "--merge"]):
         assert build_main([*args, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 2
         assert "--merge: needs --reference and the ABLATION names" in capsys.readouterr().err

@@ -10,6 +10,8 @@ from analysis.synthetic import Curve, write_ablation
 from harness import keys as K
 from harness.registry import ABLATIONS_DIR, load_registry
 
+from helpers import store_uri
+
 BATCH = {"PPO-max": 32, "GRPO": 8}  # responses per step: the two variants sample at different rates
 
 
@@ -19,7 +21,7 @@ def test_issue_16_figure_files_compare_at_equal_sampled_tokens(name):
 
 
 def test_the_x_axis_is_cumulative_sampled_tokens_and_says_so(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     write_ablation(uri, "estimators", "est", {v: Curve(batch=b) for v, b in BATCH.items()}, seeds=(0, 1), steps=12,
                    sample_every=0)
     write_ablation(uri, "kl_eta", "15", {"KL penalty η=0.05": Curve()}, seeds=(0,), steps=12, sample_every=0)

@@ -39,7 +39,18 @@ from harness.sweepstore import STALE_AFTER, database_identity, make_storage
 from harness.trials import ATTR_RUNNER, trial_id_of
 
 from fakes import runner_command
-from helpers import alive_in, last_step, on_host, runs_in, started, tiny_grid, uts_problem, wait_for, write_sweep
+from helpers import (
+    alive_in,
+    last_step,
+    on_host,
+    runs_in,
+    started,
+    store_uri,
+    tiny_grid,
+    uts_problem,
+    wait_for,
+    write_sweep,
+)
 from servers import PASSWORD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,7 +214,7 @@ def test_runners_that_open_a_new_study_at_once_queue_its_first_trials_once(tmp_p
 
     first = "first_trials:\n  - {reward.clip: 0.8, ppo.kl_coef: 0.05}\n  - {reward.clip: 0.3, ppo.kl_coef: 0.1}\n"
     path = write_sweep(tmp_path, tiny_world, "pg_first", extra=first)
-    spec = load_sweep(path, [], f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = load_sweep(path, [], store_uri(tmp_path))
     n = 4
     for attempt in range(3):
         url, barrier = postgres.create_database(f"first{attempt}"), Barrier(n)
@@ -314,7 +325,7 @@ def test_a_database_lost_mid_sweep_ends_the_runner_with_one_line_and_a_rerun_fin
     from servers import ADMIN
 
     name, db = "pg_lost", "lostdb"
-    storage, uri = postgres.create_database(db), f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage, uri = postgres.create_database(db), store_uri(tmp_path)
     path = write_sweep(tmp_path, tiny_world, name, trials=3, steps=60, output_dir=False)
     argv = [str(path), "--trials", "3", "--workers", "1", "--storage", storage, "--tracking-uri", uri,
             "--threads", "1", "--heartbeat", "1", "--set", "sweep.sampler.name=random", "--set", "sweep.pruner.name=none"]

@@ -12,6 +12,8 @@ import pytest
 from harness import provenance
 from harness.world import WorldConfig, WorldError, build_world, load_world, shipped, world_config_hash
 
+from helpers import store_uri
+
 
 def test_the_default_world_is_shipped_and_unpacked_with_its_hashes_checked(tmp_path, capsys):
     chash = world_config_hash(WorldConfig())
@@ -36,7 +38,7 @@ def test_an_unpacked_world_logs_its_world_run_as_a_build_does(tmp_path):
     from harness import keys as K
     from harness import tracking
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     out = build_world(WorldConfig(), tmp_path / "world", tracking_uri=uri, progress=False)
     c = tracking.client(uri)
     (run,) = c.search_runs([c.get_experiment_by_name("world").experiment_id])

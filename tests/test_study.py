@@ -45,6 +45,7 @@ from helpers import (
     runs_in,
     started,
     store_uri,
+    study_storage,
     tiny_grid,
     wait_for,
     write_sweep,
@@ -207,7 +208,7 @@ def test_two_sweeps_started_at_once_draw_by_trial_number_under_one_parent(tmp_pa
                                              command=runner_command("harness.sweep", *argv))) for i in range(2)]
         codes = [p.wait(timeout=600) for p in procs]
     assert codes == [0, 0], "\n".join((tmp_path / f"sweep{i}.log").read_text()[-2000:] for i in range(2))
-    trials = optuna.load_study(study_name="twins", storage=f"sqlite:///{tmp_path / 'optuna.db'}").get_trials()
+    trials = optuna.load_study(study_name="twins", storage=study_storage(tmp_path)).get_trials()
     assert len(trials) >= 4 and {t.state for t in trials} == {TrialState.COMPLETE}
     params = [tuple(sorted(t.params.items())) for t in trials]
     assert len(set(params)) == len(params), f"two trials drew the same values: {params}"
@@ -257,7 +258,7 @@ def test_mlflow_tracking_uri_is_the_store_of_every_writer_and_reader_and_a_flag_
     for path in store.iterdir():
         name = path.name + ("/" if path.is_dir() else "")  # a folder's pattern ends in "/"
         assert subprocess.run(["git", "check-ignore", "--no-index", "-q", name], cwd=REPO).returncode == 0, name
-    trials = optuna.load_study(study_name="env_sweep", storage=f"sqlite:///{store / 'optuna.db'}").get_trials()
+    trials = optuna.load_study(study_name="env_sweep", storage=study_storage(store)).get_trials()
     assert {t.state for t in trials} == {TrialState.COMPLETE}  # the study beside the variable's store
 
     capsys.readouterr()
@@ -336,7 +337,7 @@ def test_a_sweep_rerun_after_a_dead_worker_leaves_its_parent_finished_without_th
     for key in parent.data.metrics:
         steps = [m.step for m in c.get_metric_history(parent.info.run_id, key)]
         assert len(steps) == len(set(steps)), f"{key}: {steps}"
-    study = optuna.load_study(study_name="flaky_sweep", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = optuna.load_study(study_name="flaky_sweep", storage=study_storage(tmp_path))
     states = [t.state for t in study.get_trials()]
     assert states == [TrialState.FAIL, TrialState.COMPLETE]  # the interrupted trial, made up
 
@@ -402,7 +403,7 @@ def test_a_sweep_runs_its_trial_as_a_submitit_job(tmp_path, tiny_world):
     uri = store_uri(tmp_path)
     assert sweep.main([str(path), "--tracking-uri", uri, "--threads", "1", "--runs-dir", str(tmp_path / "runs"),
                        "--executor", "submitit-local", "--workers", "1"]) == 0
-    (trial,) = optuna.load_study(study_name="job_sweep", storage=f"sqlite:///{tmp_path / 'optuna.db'}").get_trials()
+    (trial,) = optuna.load_study(study_name="job_sweep", storage=study_storage(tmp_path)).get_trials()
     assert trial.state == TrialState.COMPLETE and trial.value is not None
     (run,) = runs_in(uri, "job_sweep")
     assert run.info.status == "FINISHED" and run.data.tags[K.TAG_TRIAL_STATE] == "COMPLETE"

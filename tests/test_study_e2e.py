@@ -22,6 +22,8 @@ from harness import design, sweep, sweepfile, tracking
 from harness import keys as K
 from harness.world import TINY, load_world_config, world_config_hash
 
+from helpers import store_uri, study_storage
+
 REPO = Path(__file__).resolve().parents[1]
 TINY_RUN = {"data.eval_prompts": 4, "ppo.rollout_batch_size": 8, "ppo.num_minibatches": 2, "ppo.ppo_epochs": 1,
             "generation.max_new_tokens": 8, "logging.eval_every": 0, "logging.sample_every": 0,
@@ -45,22 +47,18 @@ def study_file(tmp_path: Path, *, steps: int, trials: int, world_dir: Path | Non
     return path
 
 
-def uri(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
 def cli(tmp_path: Path, path: Path, *more: str) -> list[str]:
-    return [str(path), "--tracking-uri", uri(tmp_path), "--threads", "1", "--set", SHORT_PRETRAIN, *more]
+    return [str(path), "--tracking-uri", store_uri(tmp_path), "--threads", "1", "--set", SHORT_PRETRAIN, *more]
 
 
 def train_runs(tmp_path: Path) -> list:
-    c = tracking.client(uri(tmp_path))
+    c = tracking.client(store_uri(tmp_path))
     exp = c.get_experiment_by_name("study_tricks")
     return list(c.search_runs([exp.experiment_id], f"tags.`{K.TAG_ROLE}` = 'train'")) if exp else []
 
 
 def trials(tmp_path: Path) -> list:
-    return optuna.load_study(study_name="study_tricks", storage=f"sqlite:///{tmp_path / 'optuna.db'}").get_trials()
+    return optuna.load_study(study_name="study_tricks", storage=study_storage(tmp_path)).get_trials()
 
 
 @pytest.mark.slow
@@ -70,7 +68,7 @@ def test_a_tiny_study_on_its_world_records_objectives_and_extends_without_retrai
     world = Path(".harness/worlds") / world_config_hash(load_world_config(overrides={**TINY, "seed": 0}))
     shutil.copytree(tiny_world, world)  # world 0 at the TINY scale is the tiny world: built already
     path = study_file(tmp_path, steps=2, trials=3)
-    spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
+    spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], store_uri(tmp_path))
     assert sweep.main(cli(tmp_path, path)) == 0
     assert f"world 0 ({world.name}, {world})" in capsys.readouterr().out  # found built, not built again
 
@@ -94,27 +92,27 @@ def test_a_tiny_study_on_its_world_records_objectives_and_extends_without_retrai
     # --trials is the total: one more trial, the first three neither redrawn nor retrained
     assert sweep.main(cli(tmp_path, path, "--trials", "4")) == 0
     more = trials(tmp_path)
-    longer = sweepfile.load_sweep(path, [SHORT_PRETRAIN, "sweep.trials=4"], uri(tmp_path)).design
+    longer = sweepfile.load_sweep(path, [SHORT_PRETRAIN, "sweep.trials=4"], store_uri(tmp_path)).design
     assert longer[:3] == spec.design and [t.params for t in more] == longer
     again = {r.info.run_id: r for r in train_runs(tmp_path)}
     assert len(again) == 4 and all(again[i].info.end_time == r.info.end_time for i, r in runs.items())
 
     from analysis.tricks import analyse, load_study
 
-    s = analyse(load_study("study_tricks", uri(tmp_path)), B=20, B_importance=20, claims=False, figures=False)
+    s = analyse(load_study("study_tricks", store_uri(tmp_path)), B=20, B_importance=20, claims=False, figures=False)
     assert s["configs"] == 4 and set(s["values"]["choice"]) == set(spec.space)
     assert (tmp_path / "results" / "study_tricks" / "tricks.json").is_file()
 
 
 def started_steps(tmp_path: Path, run) -> int:
-    return len(tracking.metric_history(uri(tmp_path), run.info.run_id, K.RM_SCORE))
+    return len(tracking.metric_history(store_uri(tmp_path), run.info.run_id, K.RM_SCORE))
 
 
 @pytest.mark.slow
 def test_kill_9_of_the_runner_resumes_its_run_and_trains_no_configuration_twice(tmp_path, tiny_world, capsys):
     steps = 40  # long enough for the kill to land inside a run (polled every 0.3 s, a step ~0.1 s)
     path = study_file(tmp_path, steps=steps, trials=2, world_dir=tiny_world)
-    spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], uri(tmp_path))
+    spec = sweepfile.load_sweep(path, [SHORT_PRETRAIN], store_uri(tmp_path))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "harness.sweep", *cli(tmp_path, path)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -132,10 +130,10 @@ def test_kill_9_of_the_runner_resumes_its_run_and_trains_no_configuration_twice(
     finished = {r.info.run_id: r.info.end_time for r in train_runs(tmp_path) if r.info.status == "FINISHED"}
     os.kill(proc.pid, signal.SIGKILL)  # the runner alone: its worker sees it gone and ends the run KILLED
     proc.communicate(timeout=120)  # the pipe closes once the worker, and with it the process server, has gone too
-    while tracking.client(uri(tmp_path)).get_run(victim.info.run_id).info.status == "RUNNING":
+    while tracking.client(store_uri(tmp_path)).get_run(victim.info.run_id).info.status == "RUNNING":
         assert time.time() - t0 < 900, "the worker did not end its run after the runner died"
         time.sleep(0.5)
-    assert tracking.client(uri(tmp_path)).get_run(victim.info.run_id).info.status == "KILLED"
+    assert tracking.client(store_uri(tmp_path)).get_run(victim.info.run_id).info.status == "KILLED"
     killed_at = started_steps(tmp_path, victim)
     assert 3 <= killed_at < steps
 
@@ -152,7 +150,7 @@ def test_kill_9_of_the_runner_resumes_its_run_and_trains_no_configuration_twice(
     assert len(runs) == 2 and len({r.data.tags[K.TAG_CONFIG_HASH] for r in runs}) == 2
     assert all(r.info.status == "FINISHED" for r in runs)
     assert all(r.info.end_time == finished[r.info.run_id] for r in runs if r.info.run_id in finished)
-    resumed = tracking.client(uri(tmp_path)).get_run(victim.info.run_id)
+    resumed = tracking.client(store_uri(tmp_path)).get_run(victim.info.run_id)
     assert resumed.data.tags[K.TAG_PID] != victim.data.tags[K.TAG_PID]  # another process continued the same run
-    logged = [s for s, _ in tracking.metric_history(uri(tmp_path), victim.info.run_id, K.RM_SCORE)]
+    logged = [s for s, _ in tracking.metric_history(store_uri(tmp_path), victim.info.run_id, K.RM_SCORE)]
     assert sorted(logged) == list(range(1, steps + 1))  # every step once

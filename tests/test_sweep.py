@@ -27,19 +27,13 @@ from harness import keys as K
 from harness.schema import ConfigError
 
 from fakes import runner_command
-from helpers import DELTA_ETA, write_sweep
+from helpers import DELTA_ETA, store_uri, study_storage, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
-def uri(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
-def storage(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'optuna.db'}"  # the default: next to the MLflow sqlite file
 
 
 def cli(tmp_path: Path, path: Path, *more: str) -> list[str]:
-    return [str(path), "--tracking-uri", uri(tmp_path), "--threads", "1", *more]
+    return [str(path), "--tracking-uri", store_uri(tmp_path), "--threads", "1", *more]
 
 
 def subprocess_sweep(tmp_path: Path, path: Path, *more: str) -> subprocess.Popen:
@@ -63,7 +57,7 @@ registry.register("sqlite.pw", __name__, "PasswordSQLite")
 
 
 def load_study(tmp_path: Path, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=storage(tmp_path))
+    return optuna.load_study(study_name=name, storage=study_storage(tmp_path))
 
 
 def runs(tracking_uri: str, name: str, role: str = "train") -> list:
@@ -76,7 +70,7 @@ def running_trial(tmp_path: Path, name: str) -> optuna.trial.FrozenTrial | None:
     """The first RUNNING trial whose MLflow run has started, or None yet."""
     try:
         study = load_study(tmp_path, name)
-        started = {r.data.tags[K.TAG_TRIAL] for r in runs(uri(tmp_path), name)  # its worker's pid written too
+        started = {r.data.tags[K.TAG_TRIAL] for r in runs(store_uri(tmp_path), name)  # its worker's pid written too
                    if r.info.status == "RUNNING" and K.TAG_PID in r.data.tags}
     except Exception:  # the stores, the study or the experiment do not exist yet
         return None
@@ -163,7 +157,7 @@ def test_plots_cli_masks_the_storage_password_in_its_errors(tmp_path, capsys):
     from analysis import sweep_plots
 
     store = f"sqlite+pw://me:s3cret@/{tmp_path / 'optuna.db'}"
-    assert sweep_plots.main(["nope", "--tracking-uri", uri(tmp_path), "--storage", store]) == 2
+    assert sweep_plots.main(["nope", "--tracking-uri", store_uri(tmp_path), "--storage", store]) == 2
     err = capsys.readouterr().err
     assert "no Optuna study named 'nope' in sqlite+pw://me:***@/" in err and "s3cret" not in err
 
@@ -175,7 +169,7 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
     path = write_sweep(tmp_path, tiny_world, "de_sweep", trials=4)
     assert sweep.main(cli(tmp_path, path)) == 0
     out = capsys.readouterr().out
-    assert "best trial" in out and f"python -m analysis.sweep_plots de_sweep --tracking-uri {uri(tmp_path)}" in out
+    assert "best trial" in out and f"python -m analysis.sweep_plots de_sweep --tracking-uri {store_uri(tmp_path)}" in out
 
     # Optuna: 4 complete trials in the default storage next to mlflow.db
     study = load_study(tmp_path, "de_sweep")
@@ -185,11 +179,11 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
     assert all(0.1 <= t.params["reward.clip"] <= 10 and 0.001 <= t.params["ppo.kl_coef"] <= 0.5 for t in trials)
 
     # MLflow: one parent, one child run per trial, tagged and carrying the trial's values
-    parents = runs(uri(tmp_path), "de_sweep", "parent")
+    parents = runs(store_uri(tmp_path), "de_sweep", "parent")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     parent_id = parents[0].info.run_id
     assert parents[0].data.metrics[K.SWEEP_OBJECTIVE] == pytest.approx(study.best_value)
-    children = {int(r.data.tags[K.TAG_TRIAL]): r for r in runs(uri(tmp_path), "de_sweep")}
+    children = {int(r.data.tags[K.TAG_TRIAL]): r for r in runs(store_uri(tmp_path), "de_sweep")}
     assert sorted(children) == [0, 1, 2, 3]
     for t in trials:
         r = children[t.number]
@@ -205,11 +199,11 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
     # the plots: the CLI by name (logging them to the parent run) and the summary for reports
     from analysis import sweep_plots
 
-    assert sweep_plots.main(["de_sweep", "--tracking-uri", uri(tmp_path)]) == 0
-    art = {a.path for a in MlflowClient(uri(tmp_path)).list_artifacts(parent_id, "sweep")}
+    assert sweep_plots.main(["de_sweep", "--tracking-uri", store_uri(tmp_path)]) == 0
+    art = {a.path for a in MlflowClient(store_uri(tmp_path)).list_artifacts(parent_id, "sweep")}
     assert {"sweep/sweep_history.png", "sweep/sweep_pair.png", "sweep/sweep_trials.csv"} <= art
     assert json.loads((tmp_path / "results" / "de_sweep" / "sweep_best.json").read_text())["best"]["number"] in range(4)
-    s = sweep_plots.sweep_summary(path, uri(tmp_path), out_dir=tmp_path / "summary")
+    s = sweep_plots.sweep_summary(path, store_uri(tmp_path), out_dir=tmp_path / "summary")
     assert len(s["table"]) == 4 and s["best"]["value"] == pytest.approx(study.best_value)
     assert all(Path(f).is_file() and f.endswith(".png") for f in s["figures"]) and len(s["figures"]) >= 3
     assert sorted(s["table_full"]["mlflow_run_ids"].map(len)) == [1, 1, 1, 1]
@@ -220,8 +214,8 @@ def test_four_trial_sweep_reads_back_from_both_stores_and_continues(tmp_path, ti
     study = load_study(tmp_path, "de_sweep")
     assert [t.number for t in study.get_trials()] == [0, 1, 2, 3, 4, 5]
     assert [t.params for t in study.get_trials()][:4] == [t.params for t in trials]
-    assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in runs(uri(tmp_path), "de_sweep")) == [0, 1, 2, 3, 4, 5]
-    assert [p.info.run_id for p in runs(uri(tmp_path), "de_sweep", "parent")] == [parent_id]
+    assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in runs(store_uri(tmp_path), "de_sweep")) == [0, 1, 2, 3, 4, 5]
+    assert [p.info.run_id for p in runs(store_uri(tmp_path), "de_sweep", "parent")] == [parent_id]
     # --trials is the total: the same number again runs nothing
     capsys.readouterr()
     assert sweep.main(cli(tmp_path, path, "--trials", "6")) == 0
@@ -265,7 +259,7 @@ def test_two_workers_finish_every_trial_once(tmp_path, tiny_world):
     assert sorted(t.number for t in trials) == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in trials)
     assert sorted(t.params["reward.clip"] for t in trials[:2]) == [0.3, 0.8]  # each enqueued point ran once
-    children = runs(uri(tmp_path), "par_sweep")
+    children = runs(store_uri(tmp_path), "par_sweep")
     assert len({r.data.tags[K.TAG_PID] for r in children}) >= 2  # both worker processes took trials
     assert sorted(int(r.data.tags[K.TAG_TRIAL]) for r in children) == [0, 1, 2, 3]  # none lost or duplicated
     assert all(r.info.status == "FINISHED" for r in children)
@@ -278,7 +272,7 @@ def test_a_sweep_without_an_output_dir_runs_into_the_default_runs_folder(tmp_pat
     path = write_sweep(tmp_path, tiny_world, "dflt_sweep", trials=1, output_dir=False)
     assert sweep.main(cli(tmp_path, path)) == 0
     assert [t.state for t in load_study(tmp_path, "dflt_sweep").get_trials()] == [TrialState.COMPLETE]
-    (child,) = runs(uri(tmp_path), "dflt_sweep")
+    (child,) = runs(store_uri(tmp_path), "dflt_sweep")
     assert (tmp_path / "runs" / child.info.run_name).is_dir()
 
 
@@ -301,11 +295,11 @@ def test_nan_trial_is_recorded_failed_and_the_sweep_goes_on(tmp_path, tiny_world
     assert failed.user_attrs["outcome"] == "failed" and failed.user_attrs["failure_reason"]
     assert pruned.state == TrialState.PRUNED and pruned.user_attrs["outcome"] == "pruned"
     assert pruned.user_attrs["pruned_at_step"] == 1
-    children = {int(r.data.tags[K.TAG_TRIAL]): r for r in runs(uri(tmp_path), "nan_sweep")}
+    children = {int(r.data.tags[K.TAG_TRIAL]): r for r in runs(store_uri(tmp_path), "nan_sweep")}
     assert children[0].info.status == "FAILED" and children[0].data.tags[K.TAG_TRIAL_STATE] == "FAIL"
     assert K.TAG_FAILURE in children[0].data.tags
     assert children[1].data.tags[K.TAG_TRIAL_STATE] == "PRUNED" and children[1].data.tags[K.TAG_STOPPED] == "callback"
-    steps = [m.step for m in tracking.client(uri(tmp_path)).get_metric_history(children[1].info.run_id, K.RM_SCORE)]
+    steps = [m.step for m in tracking.client(store_uri(tmp_path)).get_metric_history(children[1].info.run_id, K.RM_SCORE)]
     assert max(steps) < 200  # stopped, not run to its end
 
 
@@ -318,7 +312,7 @@ def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp
         time.sleep(0.2)
         victim = running_trial(tmp_path, "kill_sweep")
     assert victim is not None, proc.communicate()[0]
-    pid = next(int(r.data.tags[K.TAG_PID]) for r in runs(uri(tmp_path), "kill_sweep")
+    pid = next(int(r.data.tags[K.TAG_PID]) for r in runs(store_uri(tmp_path), "kill_sweep")
                if r.data.tags[K.TAG_TRIAL] == str(victim.number))
     os.kill(pid, signal.SIGKILL)  # the worker process that trains the trial's run
     out = proc.communicate(timeout=600)[0]
@@ -328,13 +322,13 @@ def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp
     study = load_study(tmp_path, "kill_sweep")
     killed = study.get_trials()[victim.number]
     assert killed.state == TrialState.FAIL and "outcome" not in killed.user_attrs  # interrupted: does not count
-    run = next(r for r in runs(uri(tmp_path), "kill_sweep") if r.data.tags[K.TAG_TRIAL] == str(victim.number))
+    run = next(r for r in runs(store_uri(tmp_path), "kill_sweep") if r.data.tags[K.TAG_TRIAL] == str(victim.number))
     made_up = [t for t in study.get_trials() if t.user_attrs.get("retry_of") == victim.number]
     if made_up and made_up[0].state == TrialState.COMPLETE:  # a trial slot was still free: made up at once
         assert made_up[0].user_attrs["mlflow_run_ids"] == [run.info.run_id] and run.info.status == "FINISHED"
     else:
         assert run.info.status == "KILLED" and run.data.tags[K.TAG_TRIAL_OUTCOME] == "interrupted"
-    parent = runs(uri(tmp_path), "kill_sweep", "parent")[0]
+    parent = runs(store_uri(tmp_path), "kill_sweep", "parent")[0]
     assert parent.info.status == "FAILED" and "worker process died" in parent.data.tags[K.TAG_FAILURE]
 
     # the next run makes the trial up (if it is not yet), with the same values, resuming its run (found by its
@@ -345,7 +339,7 @@ def test_a_killed_worker_fails_the_sweep_and_the_next_run_makes_its_trial_up(tmp
     assert len(done) == 3 and len(trials) == 4
     again = next(t for t in done if t.params == killed.params)
     assert again.user_attrs["retry_of"] == victim.number and again.user_attrs["mlflow_run_ids"] == [run.info.run_id]
-    train = runs(uri(tmp_path), "kill_sweep")
+    train = runs(store_uri(tmp_path), "kill_sweep")
     assert len(train) == 3 and all(r.info.status == "FINISHED" for r in train)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness import tracking
 
-from helpers import foreground_signals
+from helpers import foreground_signals, sqlite_uri, store_uri, study_storage
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ def _open_store(uri: str) -> str:
 
 def test_parallel_processes_can_create_a_fresh_sqlite_store(tmp_path):
     # a brand-new store opened by several processes at once used to die in MLflow's migration
-    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    uri = sqlite_uri(tmp_path / 'fresh.db')
     with mp.get_context("spawn").Pool(3) as pool:
         ids = pool.map(_open_store, [uri] * 3)
     assert len(set(ids)) == 1
@@ -28,7 +28,7 @@ def test_parallel_processes_can_create_a_fresh_sqlite_store(tmp_path):
 
 
 def test_metric_logger_batches_and_drops_non_finite(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = sqlite_uri(tmp_path / 'm.db')
     run_id = tracking.start_run(uri, "exp", "r")
     log = tracking.MetricLogger(uri, run_id)
     log.log({"a/x": 1.0, "a/y": float("nan"), "a/z": 2.5}, step=3)
@@ -38,7 +38,7 @@ def test_metric_logger_batches_and_drops_non_finite(tmp_path):
 
 
 def test_credentials_never_reach_the_store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'c.db'}"
+    uri = sqlite_uri(tmp_path / 'c.db')
     secret = "http://alice:s3cr3t@mlflow.example:5000"
     assert tracking.redact(f"store {secret} and postgresql://bob:pw@db/optuna") == \
         "store http://alice:***@mlflow.example:5000 and postgresql://bob:***@db/optuna"
@@ -63,9 +63,9 @@ def test_sqlite_stores_wait_for_a_lock_instead_of_failing_at_5_s(tmp_path):
     import sqlalchemy
     from mlflow.store.db.utils import create_sqlalchemy_engine
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     tracking.client(uri)
-    for engine in (create_sqlalchemy_engine(uri), sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'optuna.db'}")):
+    for engine in (create_sqlalchemy_engine(uri), sqlalchemy.create_engine(study_storage(tmp_path))):
         with engine.connect() as con:
             assert con.exec_driver_sql("PRAGMA busy_timeout").scalar() == tracking.SQLITE_BUSY_MS
         engine.dispose()
@@ -84,10 +84,10 @@ def test_a_new_sqlite_store_is_a_copy_of_the_migrated_template_and_opens_as_mlfl
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setattr(tracking, "STORE_TEMPLATE_DIR", tmp_path / "cache")
-    MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'by_mlflow.db'}").search_experiments()  # MLflow's migrations
+    MlflowClient(tracking_uri=sqlite_uri(tmp_path / 'by_mlflow.db')).search_experiments()  # MLflow's migrations
     for where in ("a", "b"):  # the first makes the template, the second only copies it
         (tmp_path / where).mkdir()
-        uri = f"sqlite:///{tmp_path / where / 'mlflow.db'}"
+        uri = store_uri(tmp_path / where)
         exp = tracking.ensure_experiment(uri, "exp")
         made, copied = _schema(tmp_path / "by_mlflow.db"), _schema(tmp_path / where / "mlflow.db")
         assert copied == made
@@ -142,7 +142,7 @@ def test_a_ctrl_c_inside_a_store_write_ends_the_run_killed_once_outside_the_exce
     transaction, MLflow's 20 s, then failed ('database is locked', the run left RUNNING)."""
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED_WRITES)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     p = subprocess.run([sys.executable, str(script), uri, "outside"], capture_output=True, text=True, timeout=600,
                        cwd=REPO, preexec_fn=foreground_signals)
     assert p.returncode == 0 and "ended" in p.stdout, p.stdout + p.stderr[-3000:]

@@ -21,6 +21,8 @@ from analysis.tricks_claims import claims_table
 from harness import design, sweepfile, sweepstore
 from harness.schema import ConfigError
 
+from helpers import store_uri, study_storage
+
 REPO = Path(__file__).resolve().parents[1]
 VANILLA = REPO / "ablations" / "bases" / "vanilla.yaml"
 PLANTED = "ppo.adv_normalize"
@@ -55,8 +57,8 @@ search_space:
 
 class Store:
     def __init__(self, folder: Path):
-        self.folder, self.uri = folder, f"sqlite:///{folder / 'mlflow.db'}"
-        self.storage = f"sqlite:///{folder / 'optuna.db'}"
+        self.folder, self.uri = folder, store_uri(folder)
+        self.storage = study_storage(folder)
 
     def write(self, name: str, model, trials: int = 64, collapse_below: float = 0.5) -> tricks.StudyData:
         spec = sweepfile.load_sweep(study_yaml(self.folder, name, trials), tracking_uri=self.uri)

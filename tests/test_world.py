@@ -37,14 +37,14 @@ from harness.world.load import WORLD_FILE
 from harness.world.preferences import bt_label
 from harness.world.reward_model import score_diffs
 
-from helpers import MICRO
+from helpers import MICRO, store_uri
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory) -> str:
     """One real sqlite MLflow store for the module (creating one costs seconds); each test that
     counts runs logs to an experiment of its own."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    return store_uri(tmp_path_factory.mktemp('mlflow'))
 
 
 @pytest.fixture(scope="module")

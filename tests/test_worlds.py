@@ -33,7 +33,7 @@ from harness import keys as K
 from harness.rules import Claim, EvalScoresShift, PairsAboveChance
 from reports.reference import figure_text
 
-from helpers import fast_dir
+from helpers import fast_dir, sqlite_uri
 
 WORLDS_YAML = """
 name: worlds
@@ -82,7 +82,7 @@ def env(tmp_path_factory):
     root, cleanup = fast_dir(tmp_path_factory, "worlds")
     (root / "ablations").mkdir()
     (root / "ablations" / "worlds.yaml").write_text(WORLDS_YAML)
-    uris = {k: f"sqlite:///{root / f'{k}.db'}" for k in ("ref", "other", "same")}
+    uris = {k: sqlite_uri(root / f"{k}.db") for k in ("ref", "other", "same")}
     write_worlds(uris["ref"], "worlds", "W", [curves(w, {v: s[w] for v, s in SHIFTS.items()}, collapse=w < 2)
                                               for w in range(3)], seeds=range(5), steps=STEPS, sample_every=0)
     # store-only figures for the within-run rules: two RMs per world, a Fig. 13-like run per world
