@@ -23,7 +23,7 @@ def tiny_world(tmp_path_factory, worker_id):
     if worker_id != "master":
         root = root.parent  # this run's folder, the parent of every worker's own
     return build_world(load_world_config(overrides=TINY), root / "tiny_world" / "world",
-                       tracking_uri=store_uri(root / 'tiny_world'), progress=False)
+                       tracking_uri=store_uri(root / "tiny_world"), progress=False)
 
 
 @pytest.fixture

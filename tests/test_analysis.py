@@ -177,7 +177,7 @@ def test_collapse_markers_and_win_rate_on_the_reward_axis(env):
 def test_the_gold_onset_and_the_warning_have_their_own_markers_and_counts(tmp_path):
     from harness.registry import Registry, Variant
 
-    uri = sqlite_uri(tmp_path / 'm.db')
+    uri = sqlite_uri(tmp_path / "m.db")
     write_ablation(uri, "warned", "4", {"early": Curve(collapse_at=30, warn_at=22), "silent": Curve(collapse_at=30),
                                         "false alarm": Curve(warn_at=15)}, seeds=[0, 1], steps=40, sample_every=0)
     d = load_ablation(Registry(name="warned", figure="4", variants=[Variant(v, {}) for v in ("early", "silent",

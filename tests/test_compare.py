@@ -89,7 +89,7 @@ def test_a_different_result_is_named_and_still_exits_0(stores, capsys):
 def test_bad_input_exits_2_with_a_message(stores, capsys, tmp_path):
     rc, _, err = run(stores, "other", "apa", capsys=capsys)
     assert rc == 2 and "no figure 'apa' in the reference (it holds: kl_eta, vanilla)" in err
-    rc = main(["--tracking-uri", sqlite_uri(tmp_path / 'none.db')])
+    rc = main(["--tracking-uri", sqlite_uri(tmp_path / "none.db")])
     assert rc == 2 and "no such MLflow store" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{}")
     rc = main(["--tracking-uri", stores["same"], "--reference", str(tmp_path / "bad.json")])
@@ -104,7 +104,7 @@ def test_nothing_to_compare_fails_naming_the_store(stores, capsys, tmp_path):
     assert rc == 1 and "claims agree" in out and f"error: vanilla: the store {stores['same']} holds no runs of it" in err
     from harness import tracking
 
-    empty = sqlite_uri(tmp_path / 'empty.db')
+    empty = sqlite_uri(tmp_path / "empty.db")
     tracking.ensure_experiment(empty, "kl_eta")  # a store with the experiment but no runs
     rc = main(["--tracking-uri", empty, "--reference", str(stores["root"] / "reference.json"),
                "--ablations-dir", str(stores["registry"])])

@@ -131,7 +131,7 @@ def synthetic_runs() -> list:
 def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     from analysis import detector as D
 
-    uri = sqlite_uri(tmp_path / 's.db')
+    uri = sqlite_uri(tmp_path / "s.db")
     runs = synthetic_runs()
     first = [r for r in runs if r[0] == "fitfile" and r[3] == "w0"]  # the 12 runs of the first split, alone in the store
     write_store(uri, first)  # (each load below reads every run of the store: 12 here, not 48)
@@ -240,7 +240,7 @@ def test_a_split_by_trials_holds_a_design_studys_other_configurations_out():
 def test_fit_refuses_a_store_without_gold(tmp_path, capsys):
     from analysis import detector as D
 
-    uri = sqlite_uri(tmp_path / 's.db')
+    uri = sqlite_uri(tmp_path / "s.db")
     rows = [{k: v for k, v in m.items() if k != K.GOLD_SCORE} for m in stream(40)]
     write_store(uri, [("hh", "ppo", 0, "none", rows)])
     assert D.main(["fit", "--tracking-uri", uri, "--out", str(tmp_path / "o")]) == 2
@@ -252,7 +252,7 @@ def test_only_finished_runs_count_and_the_start_is_the_runs_own_early_gold(tmp_p
     its training prompts, not the eval gold at step 0 (other prompts, another level)."""
     from analysis import detector as D
 
-    uri = sqlite_uri(tmp_path / 's.db')
+    uri = sqlite_uri(tmp_path / "s.db")
     write_store(uri, [("f", "holds", 0, "w0", stream(60)), ("f", "falls", 0, "w0", stream(60, at=20))])
     by = {r.variant: r for r in D.load_runs(uri)}
     assert by["holds"].onset is None and by["falls"].onset is not None

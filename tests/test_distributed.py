@@ -205,7 +205,7 @@ def write_spec(tiny, name: str, spec: dict) -> Path:
 def client(tiny):
     from harness import tracking
 
-    return tracking.client(store_uri(tiny['root']))
+    return tracking.client(store_uri(tiny["root"]))
 
 
 def runs_named(tiny, name: str):
@@ -229,7 +229,7 @@ def history(tiny, run_id: str) -> dict[int, dict[str, float]]:
 def samples(tiny, run_id: str, step: int) -> list[tuple[str, str]]:
     from harness import tracking
 
-    rows = tracking.load_json_artifact(store_uri(tiny['root']), run_id, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")["rows"]
+    rows = tracking.load_json_artifact(store_uri(tiny["root"]), run_id, f"{keys.SAMPLES_DIR}/step_{step:06d}.json")["rows"]
     return [(r["prompt"], r["response"]) for r in rows]
 
 

@@ -156,7 +156,7 @@ def test_a_live_servers_view_run_lines_are_masked(tmp_path, tiny_world):
     tests/servers.py (four processes importing MLflow for jobs that no request here makes)."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1", "--backend-store-uri", sqlite_uri(tmp_path / 'server.db'),
+                               "--workers", "1", "--backend-store-uri", sqlite_uri(tmp_path / "server.db"),
                                "--artifacts-destination", str(tmp_path / "artifacts")],
                               cwd=tmp_path, env={**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -18,7 +18,7 @@ def _open_store(uri: str) -> str:
 
 def test_parallel_processes_can_create_a_fresh_sqlite_store(tmp_path):
     # a brand-new store opened by several processes at once used to die in MLflow's migration
-    uri = sqlite_uri(tmp_path / 'fresh.db')
+    uri = sqlite_uri(tmp_path / "fresh.db")
     with mp.get_context("spawn").Pool(3) as pool:
         ids = pool.map(_open_store, [uri] * 3)
     assert len(set(ids)) == 1
@@ -28,7 +28,7 @@ def test_parallel_processes_can_create_a_fresh_sqlite_store(tmp_path):
 
 
 def test_metric_logger_batches_and_drops_non_finite(tmp_path):
-    uri = sqlite_uri(tmp_path / 'm.db')
+    uri = sqlite_uri(tmp_path / "m.db")
     run_id = tracking.start_run(uri, "exp", "r")
     log = tracking.MetricLogger(uri, run_id)
     log.log({"a/x": 1.0, "a/y": float("nan"), "a/z": 2.5}, step=3)
@@ -38,7 +38,7 @@ def test_metric_logger_batches_and_drops_non_finite(tmp_path):
 
 
 def test_credentials_never_reach_the_store(tmp_path):
-    uri = sqlite_uri(tmp_path / 'c.db')
+    uri = sqlite_uri(tmp_path / "c.db")
     secret = "http://alice:s3cr3t@mlflow.example:5000"
     assert tracking.redact(f"store {secret} and postgresql://bob:pw@db/optuna") == \
         "store http://alice:***@mlflow.example:5000 and postgresql://bob:***@db/optuna"
@@ -84,7 +84,7 @@ def test_a_new_sqlite_store_is_a_copy_of_the_migrated_template_and_opens_as_mlfl
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setattr(tracking, "STORE_TEMPLATE_DIR", tmp_path / "cache")
-    MlflowClient(tracking_uri=sqlite_uri(tmp_path / 'by_mlflow.db')).search_experiments()  # MLflow's migrations
+    MlflowClient(tracking_uri=sqlite_uri(tmp_path / "by_mlflow.db")).search_experiments()  # MLflow's migrations
     for where in ("a", "b"):  # the first makes the template, the second only copies it
         (tmp_path / where).mkdir()
         uri = store_uri(tmp_path / where)

@@ -116,7 +116,7 @@ def test_the_family_ablation_fits_each_set_on_fit_runs_and_scores_it_held_out(tm
     out; the choice is made on the fit runs; the reports' table and the evaluation are written."""
     from analysis import detector as D
 
-    uri = sqlite_uri(tmp_path / 's.db')
+    uri = sqlite_uri(tmp_path / "s.db")
     for world in ("w0", "w1"):
         for seed in range(12):
             for variant, fall in (("falls", 60 + 3 * seed), ("holds", None)):
@@ -389,12 +389,12 @@ def test_an_audit_rm_on_hh_rlhf_with_tiny_hf_models(tmp_path):
             "data.source": "hh_rlhf", "data.hh_path": str(HH), "data.max_prompt_tokens": 32, "data.eval_prompts": 0,
             "model.sft_path": sft, "model.reward_path": rm, "model.critic_init": "reward", "model.audit_reward_paths": paths,
             "ppo.steps": 2, "ppo.rollout_batch_size": 4, "ppo.ppo_epochs": 1, "generation.max_new_tokens": 4,
-            "logging.tracking_uri": sqlite_uri(tmp_path / 'm.db'), "logging.output_dir": str(tmp_path / "runs"),
+            "logging.tracking_uri": sqlite_uri(tmp_path / "m.db"), "logging.output_dir": str(tmp_path / "runs"),
             "logging.progress": False, "logging.eval_every": 0, "threads": 1}.items()])
 
     res = train(cfg(f"[{audit},{audit}]"))
     assert res.status == "FINISHED", res.error
-    m = tracking.client(sqlite_uri(tmp_path / 'm.db')).get_run(res.run_id).data.metrics
+    m = tracking.client(sqlite_uri(tmp_path / "m.db")).get_run(res.run_id).data.metrics
     assert K.AUDIT_MEAN in m and m[K.AUDIT_DISAGREEMENT] == 0.0  # one model twice: no disagreement
     with pytest.raises(ConfigError, match=r"audit_reward_paths\[0\]: .* has 2 labels"):
         train(cfg(f"[{two}]"))
