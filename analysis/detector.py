@@ -4,6 +4,8 @@ runs it was not fit on:
     python -m analysis.detector fit --tracking-uri sqlite:///runs.db [--out FILE]   # fit, then evaluate
     python -m analysis.detector evaluate --tracking-uri sqlite:///runs.db [--params FILE]
     python -m analysis.detector evaluate --summary reports/reference.json          # the committed numbers
+    python -m analysis.detector export --tracking-uri sqlite:///runs.db --to runs.npz  # the runs, without the store
+    python -m analysis.detector families --runs reports/detector/campaign/runs.npz ...  # any command, from that file
 
 The truth of a run is its gold onset (harness.metrics.GoldTruth, with the run's own collapse
 settings): a run whose gold fell, or one whose gold never fell over its whole budget (the detector
@@ -36,7 +38,6 @@ import dataclasses
 import json
 import math
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,18 +45,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.store import distinct_values, provenance_tags
+from analysis.detector_runs import RunData, load_runs, read_runs, save_runs
+from analysis.store import distinct_values
 from harness import keys as K
 from harness import tracking
 from harness.algorithms.names import NEEDS_CRITIC
-from harness.config import CollapseConfig, from_dict
 from harness.detector import (
     BASE_FEATURES,
-    BASE_SIGNALS,
     DEFAULT_PARAMS,
     FAMILIES,
     FEATURES,
-    SIGNALS,
     DetectorParams,
     Features,
     family_features,
@@ -65,13 +64,10 @@ from harness.detector import (
     resolve_params,
     signals_of,
 )
-from harness.metrics import IndicatorRule, gold_onset
-from harness.schema import ConfigError, parse_value
+from harness.metrics import IndicatorRule
+from harness.schema import ConfigError
 from harness.summary import fmt
 
-NEEDED = sorted(set(BASE_SIGNALS.values()) | {K.GOLD_SCORE, K.KL, K.PPL, K.APPROX_KL})
-OPTIONAL = sorted(set(SIGNALS.values()) - set(NEEDED))
-"""Signals of the newer families (diversity, audit RMs): read where a run logged them at every step."""
 MIN_FIT_RUNS = 20  # fewer fit runs, or fewer than MIN_EACH of either kind, make no detector
 MIN_EACH = 5
 LEADS = (10, 20, 30)  # steps before the onset labelled collapsing, tried by cross-validation
@@ -79,75 +75,6 @@ PATIENCES = (3, 5)  # steps over the threshold before a warning, likewise
 FA_TARGET = 0.1
 DEFAULT_FIT_FILES = ("score_reparam", "policy_constraints", "adv_value_clip", "kl_eta", "ppo_max")
 RESULTS = Path("results") / "detector"
-
-
-@dataclasses.dataclass
-class RunData:
-    """One finished train run of the store: its logged rows, its truth and where it belongs."""
-
-    run_id: str
-    ablation: str
-    variant: str
-    seed: int
-    world: str
-    """The world's hash (tag provenance.world.hash)."""
-    config_hash: str
-    rows: list[tuple[int, dict[str, float]]]
-    onset: int | None
-    """The gold onset (None: the gold never fell)."""
-    last_step: int
-    cap: int
-    """generation.max_new_tokens."""
-    group: str = ""
-    commit: str = "?"
-    """The code it ran (tag harness.git_commit)."""
-    provenance: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Its `provenance.*` tags, prefix dropped (analysis.store.provenance_tags)."""
-    trial: int | None = None
-    """Its trial number, for a run of a design study (tag harness.trial); None for a figure file's run."""
-    estimator: str = "gae"
-    """ppo.adv_estimator: with a critic (gae) or one of the critic-free estimators."""
-
-    @property
-    def fell(self) -> bool:
-        return self.onset is not None
-
-
-def _collapse_cfg(params: dict[str, str]) -> CollapseConfig:
-    known = {f.name for f in dataclasses.fields(CollapseConfig)}  # a store of older code may hold other keys
-    return from_dict({k.split(".", 1)[1]: parse_value(v) for k, v in params.items()
-                      if k.startswith("collapse.") and k.split(".", 1)[1] in known}, CollapseConfig)
-
-
-def _load_run(uri: str, run: Any) -> RunData | None:
-    rows: dict[int, dict[str, float]] = {}
-    for k in NEEDED + [k for k in OPTIONAL if k in run.data.metrics]:
-        for step, v in tracking.metric_history(uri, run.info.run_id, k):
-            rows.setdefault(step, {})[k] = v
-    rows = {s: m for s, m in sorted(rows.items()) if set(NEEDED) <= set(m)}
-    extra = [k for k in OPTIONAL if all(k in m for m in rows.values())]  # logged at every step, or not used
-    rows = {s: {k: v for k, v in m.items() if k in NEEDED or k in extra} for s, m in rows.items()}
-    if len(rows) < 20:
-        return None
-    p, t = run.data.params, run.data.tags
-    steps = sorted(rows)
-    return RunData(run.info.run_id, t.get(K.TAG_ABLATION) or t.get(K.TAG_SWEEP, ""),  # a trial: its sweep file
-                   t.get(K.TAG_VARIANT) or t.get(K.TAG_TRIAL, ""), int(t.get(K.TAG_SEED, 0)),
-                   t.get("provenance.world.hash", "?"), t.get(K.TAG_CONFIG_HASH, ""), list(rows.items()),
-                   gold_onset(_collapse_cfg(p), [(s, rows[s][K.GOLD_SCORE]) for s in steps]), steps[-1],
-                   int(parse_value(p.get("generation.max_new_tokens", "0")) or 0),
-                   commit=t.get(K.TAG_COMMIT, "?"), provenance=provenance_tags(t),
-                   trial=int(t[K.TAG_TRIAL]) if t.get(K.TAG_TRIAL, "").isdigit() else None,
-                   estimator=str(parse_value(p.get("ppo.adv_estimator", "gae"))))
-
-
-def load_runs(uri: str) -> list[RunData]:
-    """Every FINISHED train run of the store that logged gold and every signal the detector reads."""
-    c = tracking.client(uri)
-    runs = [r for e in c.search_experiments() for r in c.search_runs(
-        [e.experiment_id], f"tags.`{K.TAG_ROLE}` = 'train' and attributes.status = 'FINISHED'", max_results=50000)]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return [r for r in pool.map(lambda r: _load_run(uri, r), runs) if r is not None]
 
 
 # ------------------------------------------------------------------ the split
@@ -723,6 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helps[name])
         p.add_argument("--tracking-uri", help="the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else "
                        "sqlite:///mlflow.db)")
+        p.add_argument("--runs", metavar="FILE.npz", help="read the runs from a runs file (`export`) instead of a store, "
+                       "e.g. a committed campaign's reports/detector/*/runs.npz")
         p.add_argument("--summary", metavar="JSON", help="evaluate: print the detector section of a reference "
                        "summary (reports/reference.json) instead of reading a store") if name == "evaluate" else None
         p.add_argument("--params", metavar="FILE", help=f"the detector (default: {DEFAULT_PARAMS.name}, the committed one)"
@@ -753,7 +682,38 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"warning patiences tried likewise (default {PATIENCES})")
             p.add_argument("--save", metavar="FILE", help="where the fitted detector goes (default: OUT/detector_params.json; "
                            f"{DEFAULT_PARAMS} is the committed one)")
+    e = sub.add_parser("export", help="write a store's runs, as the detector reads them, to a runs file",
+                       description="Write every finished train run of a store, as fit and evaluate read it (per-step "
+                       "signals, gold onset, where it belongs), to a compressed .npz that --runs reads back: a "
+                       "campaign's runs, committed, refit without the store.")
+    e.add_argument("--tracking-uri", help="the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else "
+                   "sqlite:///mlflow.db)")
+    e.add_argument("--to", metavar="FILE.npz", required=True, help="the runs file to write")
     return ap
+
+
+def _source(args: argparse.Namespace) -> tuple[list[RunData], str]:
+    """The runs and where they came from: a runs file (--runs) or the store."""
+    if getattr(args, "runs", None):
+        if args.tracking_uri:
+            raise ConfigError([f"--runs {args.runs} and --tracking-uri both given; allowed: one source of runs"])
+        runs, prov = read_runs(args.runs)
+        return runs, f"{args.runs} (exported from {prov.get('store', '?')} at {prov.get('commit', '?')})"
+    uri = tracking.resolve_uri(args.tracking_uri)
+    return load_runs(uri), tracking.redact(uri)
+
+
+def _export(args: argparse.Namespace) -> int:
+    runs, store = _source(args)
+    if not runs:
+        raise ConfigError([f"{store}: no finished train run with a gold reward and the detector's signals; nothing "
+                           "to export"])
+    path = save_runs(runs, args.to, {"commit": tracking.git_commit(), "store": store,
+                                     "run_commits": sorted({r.commit for r in runs}),
+                                     "worlds": sorted({r.world for r in runs})})
+    print(f"written {len(runs)} runs ({sum(r.fell for r in runs)} whose gold fell; worlds "
+          f"{', '.join(w[:8] for w in sorted({r.world for r in runs}))}) to {path}, {path.stat().st_size / 1e6:.2f} MB")
+    return 0
 
 
 def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams | None) -> Split:
@@ -845,15 +805,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError([f"--families: got {','.join(bad)}; allowed: a comma-separated list of {', '.join(FAMILIES)}"])
         params = load_params(args.params) if args.cmd == "evaluate" and args.params else (
             resolve_params("default") if args.cmd == "evaluate" else None)
-        uri = tracking.resolve_uri(args.tracking_uri)
-        runs = load_runs(uri)
+        if args.cmd == "export":
+            return _export(args)
+        runs, store = _source(args)
         if not runs:
-            raise ConfigError([f"{tracking.redact(uri)}: no finished train run with a gold reward and the detector's "
+            raise ConfigError([f"{store}: no finished train run with a gold reward and the detector's "
                                f"signals; allowed: a store of runs on the embedded world (fit needs gold)"])
         split = _split(args, runs, params)
         runs = assign(runs, split)
         fit_runs = [r for r in runs if r.group == "fit"]
-        prov = {"commit": tracking.git_commit(), "store": tracking.redact(uri), "split": dataclasses.asdict(split),
+        prov = {"commit": tracking.git_commit(), "store": store, "split": dataclasses.asdict(split),
                 "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
                 "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
                 "run_commits": sorted({r.commit for r in fit_runs})}
@@ -881,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
                           "threshold": params.threshold,
                           "patience": params.patience, "provenance": params.provenance}
         seen = distinct_values(r.provenance for r in runs)  # the runs' versions, CPU, worlds: each tag's values
-        ev["store"] = {"uri": tracking.redact(uri), "runs": len(runs), "commits": sorted({r.commit for r in runs}),
+        ev["store"] = {"uri": store, "runs": len(runs), "commits": sorted({r.commit for r in runs}),
                        "provenance": {k: sorted(v) for k, v in sorted(seen.items())}}
         (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
         draw(ev, out)

@@ -210,21 +210,34 @@ AUDIT_DETECTOR = Path("detector") / "audit" / "evaluation.json"
 (`python -m analysis.detector families --out reports/detector/audit`), beside today's in detector/."""
 
 
-def detector_text(ev: dict | None, audit: bool = False) -> list[str]:
+CAMPAIGN_DETECTOR = Path("detector") / "campaign" / "evaluation.json"
+"""The committed detectors scored on a later campaign's runs, none of which either was fit on (critic-free
+estimators and a bigger world among them); its runs file `runs.npz` beside it refits without the store."""
+
+
+def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
+    """kind: base (today's detector, detector/), audit (the audit RMs', detector/audit/) or campaign (a later
+    campaign's runs, detector/campaign/)."""
     if not ev:
         return []
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
     world = prov.get("split", {}).get("world", "?")
     world = ", ".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
-    folder = "reports/detector/audit/" if audit else "reports/detector/"
-    head = (["### The early warning with audit reward models (`harness/detector_params.json`)", "",
-             "The detector a run uses when it scores its samples with audit reward models "
-             "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`); "
-             f"`{ev['line']}` (`python -m analysis.detector families --out {folder}`)."]
-            if audit else
-            ["### The early warning against the gold truth", "",
-             f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."])
+    folder = {"base": "reports/detector/", "audit": "reports/detector/audit/",
+              "campaign": "reports/detector/campaign/"}[kind]
+    head = {"audit": ["### The early warning with audit reward models (`harness/detector_params.json`)", "",
+                      "The detector a run uses when it scores its samples with audit reward models "
+                      "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`); "
+                      f"`{ev['line']}` (`python -m analysis.detector families --out {folder}`)."],
+            "base": ["### The early warning against the gold truth", "",
+                     f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."],
+            "campaign": ["### The early warning on a later campaign's runs", "",
+                         f"The detector with audit reward models on {ev.get('store', {}).get('runs', '?')} runs trained "
+                         "after it was fit (critic-free estimators and a bigger world among them), none of them fit on: "
+                         f"`{ev['line']}` (`python -m analysis.detector evaluate --runs {folder}runs.npz --params "
+                         f"harness/detector_params.json --out {folder}`; `runs.npz` holds the runs' signals, so any "
+                         "detector can be fit or scored on them without their store)."]}[kind]
     head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
                  f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
                  f"{world}; every other row is scored on runs it was not fit on "
@@ -266,7 +279,8 @@ def readme(summary: dict) -> str:
                   + ".", ""]
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
-    lines += detector_text(summary.get("detector")) + detector_text(summary.get("detector_audit"), audit=True)
+    lines += (detector_text(summary.get("detector")) + detector_text(summary.get("detector_audit"), "audit")
+              + detector_text(summary.get("detector_campaign"), "campaign"))
     lines += ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
@@ -300,8 +314,9 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
-    if (audit := detector.load_summary(out / AUDIT_DETECTOR)) is not None:
-        summary["detector_audit"] = audit
+    for key, path in (("detector_audit", AUDIT_DETECTOR), ("detector_campaign", CAMPAIGN_DETECTOR)):
+        if (ev := detector.load_summary(out / path)) is not None:
+            summary[key] = ev
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
     write_summary(summary, out)
@@ -325,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m reports.reference", description=main.__doc__)
     ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (and "
-                    "reports/detector/audit/evaluation.json, the audit RMs' detector) into the summary")
+                    "reports/detector/audit/evaluation.json, the audit RMs' detector, and detector/campaign/evaluation.json, "
+                    "a later campaign's runs) into the summary")
     ap.add_argument("--out", default=str(Path(__file__).parent), help="the reference folder (default: reports/)")
     ap.add_argument("--redecide", choices=list(RULES), metavar="KIND",
                     help="decide the claims of this rule kind again from the summary's per-run numbers (after their "
@@ -343,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        if (audit := detector.load_summary(out / AUDIT_DETECTOR)) is not None:
-            summary["detector_audit"] = audit
+        for key, path in (("detector_audit", AUDIT_DETECTOR), ("detector_campaign", CAMPAIGN_DETECTOR)):
+            if (found := detector.load_summary(out / path)) is not None:
+                summary[key] = found
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
     if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds
         summary["tricks"] = {**(summary.get("tricks") or {}), **found}

@@ -166,6 +166,33 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert p.provenance["baselines"] == {n: b["threshold"] for n, b in ev["baselines"].items()}
     again = D.main(["evaluate", *argv, "--params", str(save)])
     assert again == 0 and capsys.readouterr().out.strip().splitlines()[-1] == last
+    from_store = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+
+    # the store's runs in a runs file: read back equal, scored the same without the store
+    runs_file = tmp_path / "campaign" / "runs.npz"
+    assert D.main(["export", "--tracking-uri", uri, "--to", str(runs_file)]) == 0
+    assert "written 48 runs (24 whose gold fell" in capsys.readouterr().out
+    back, prov = D.read_runs(runs_file)
+    assert prov["store"] == uri and prov["runs"] == 48 and prov["worlds"] == ["w0", "w1"]
+    key = lambda r: r.run_id  # noqa: E731
+    assert sorted(back, key=key) == sorted(D.load_runs(uri), key=key)  # every field, every step's every signal
+    file_argv = ["--runs", str(runs_file), *argv[2:]]
+    assert D.main(["evaluate", *file_argv, "--params", str(save)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == last
+    from_file = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    assert from_file["groups"] == from_store["groups"] and from_file["baselines"] == from_store["baselines"]
+    assert from_file["store"]["uri"].startswith(f"{runs_file} (exported from {uri}")
+    # bad input: said with the flag, the value and what is allowed
+    junk = tmp_path / "junk.npz"
+    np.savez(junk, x=np.zeros(2))
+    for extra, expected in ((["--runs", str(tmp_path / "none.npz")], "no such file"),
+                            (["--runs", str(junk)], "is not a runs file"),
+                            (["--runs", str(runs_file), "--tracking-uri", uri], "both given")):
+        assert D.main(["evaluate", *extra, "--params", str(save)]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "allowed:" in err, err
+    assert D.main(["export", "--tracking-uri", uri, "--to", str(tmp_path / "runs.json")]) == 2
+    assert "allowed: a file name ending in .npz" in capsys.readouterr().err
 
 
 def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has_a_critic():
