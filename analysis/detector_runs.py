@@ -15,6 +15,7 @@ no store and no retraining.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -25,7 +26,7 @@ import numpy as np
 
 from analysis.store import provenance_tags
 from harness import keys as K
-from harness import tracking
+from harness import statefile, tracking
 from harness.config import CollapseConfig, from_dict
 from harness.detector import BASE_SIGNALS, SIGNALS
 from harness.metrics import gold_onset
@@ -114,7 +115,7 @@ _META_FIELDS = ("run_id", "ablation", "variant", "seed", "world", "config_hash",
 
 def save_runs(runs: list[RunData], path: str | Path, provenance: dict[str, Any]) -> Path:
     """Write `runs` to a runs file (the module docstring); `provenance` (the store, the exporting commit)
-    goes into its header. Written to a temporary name, then renamed: a killed export leaves no half file."""
+    goes into its header. Written at once (harness.statefile.write_atomic): a killed export leaves no half file."""
     path = Path(path)
     if path.suffix != ".npz":
         raise ConfigError([f"--to: got {str(path)!r}; allowed: a file name ending in .npz"])
@@ -141,9 +142,9 @@ def save_runs(runs: list[RunData], path: str | Path, provenance: dict[str, Any])
             "runs": [{**{f: getattr(r, f) for f in _META_FIELDS}, "signals": sorted(r.rows[0][1]) if r.rows else []}
                      for r in runs]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez_compressed(tmp, meta=np.array(json.dumps(meta, sort_keys=True)), run=run_ix, step=steps, **columns)
-    tmp.replace(path)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, meta=np.array(json.dumps(meta, sort_keys=True)), run=run_ix, step=steps, **columns)
+    statefile.write_atomic(path, buf.getvalue())
     return path
 
 

@@ -19,13 +19,15 @@ class StateFileError(ValueError):
     """A state file that exists but cannot be read as what it should hold; the message names it."""
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) all at once: readers see the old content or the new."""
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Replace `path` with `text` (str: as UTF-8; bytes: as they are) all at once: readers see the old
+    content or the new."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
