@@ -203,28 +203,35 @@ def _threshold(runs: list[RunData], model: tuple, window: int, baseline_steps: i
 
 
 CV_FOLDS = 5
-"""Folds of the cross-validation when the fit runs come from one file (a design study): its runs split
-by configuration (GroupKFold), a configuration's runs on several worlds or seeds in one fold."""
+"""Folds of the cross-validation by configuration (a design study's fit runs, or figure files of which one
+holds out too many of a kind for the rest to fit on): StratifiedGroupKFold, a configuration's runs on every
+world and seed in one fold, each fold with runs whose gold fell and runs whose gold held where there are."""
+
+
+def configuration(r: RunData) -> tuple[str, str]:
+    """A run's configuration, whatever its seed and world: its design-study trial, else its figure file's
+    variant. (Not the config hash: that holds the seed and the world.)"""
+    return (r.ablation, f"trial {r.trial}" if r.trial is not None else r.variant)
 
 
 def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]]]:
     """How the fit runs are split for `select`, and the (train, test) index lists: leave one figure file
-    out when there are several, else CV_FOLDS folds grouped by configuration."""
-    from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
+    out when there are several and every fold keeps MIN_EACH runs of each kind to fit on, else CV_FOLDS
+    folds by configuration, stratified by the gold truth. (Leaving out the one file whose gold held would
+    leave a fold nothing to choose a threshold on: `select` would skip it, and its pooled false alarms
+    would rest on the few held runs of the others.)"""
+    from sklearn.model_selection import LeaveOneGroupOut, StratifiedGroupKFold
 
     files = [r.ablation for r in runs]
     if len(set(files)) > 1:
-        return "leave one figure file out", list(LeaveOneGroupOut().split(runs, groups=files))
-    configs = [r.config_hash or r.run_id for r in runs]
-    # one design-study trial is one configuration on each of its worlds (a config hash per world): one group,
-    # named by its smallest hash (a trial on one world keeps its own hash, as before)
-    name: dict[tuple[str, int], str] = {}
-    for r, c in zip(runs, configs):
-        if r.trial is not None:
-            name[(r.ablation, r.trial)] = min(c, name.get((r.ablation, r.trial), c))
-    configs = [name.get((r.ablation, r.trial), c) if r.trial is not None else c for r, c in zip(runs, configs)]
+        folds = list(LeaveOneGroupOut().split(runs, groups=files))
+        if all(min(sum(runs[i].fell for i in train), sum(not runs[i].fell for i in train)) >= MIN_EACH
+               for train, _ in folds):
+            return "leave one figure file out", [(list(a), list(b)) for a, b in folds]
+    configs = [" / ".join(configuration(r)) for r in runs]
     k = min(CV_FOLDS, len(set(configs)))
-    return f"{k} folds by configuration", list(GroupKFold(n_splits=k).split(runs, groups=configs))
+    folds = StratifiedGroupKFold(n_splits=k).split(runs, [r.fell for r in runs], groups=configs)
+    return f"{k} folds by configuration", [(list(a), list(b)) for a, b in folds]
 
 
 def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], patiences: tuple[int, ...],
@@ -233,8 +240,8 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
     """(lead, patience) by cross-validation over the fit runs (`cv_folds`: leave one figure file out, or
     folds by configuration for one file; fit and choose the threshold on the rest, warn on the fold): the
     longest median lead among the settings whose pooled out-of-fold false alarms are within fa_target and
-    recall at least 0.9, else the best recall minus false alarms. Only fit runs are used: the held-out
-    runs stay unseen."""
+    recall at least 0.9, else the best recall minus false alarms (ties: the longer lead). Only fit runs are
+    used: the held-out runs stay unseen."""
     how, folds = cv_folds(runs)
     table = []
     for lead in leads:
@@ -253,7 +260,8 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
                           "lead_median": s["lead_median"], "runs": s["runs"], "folds": how})
     ok = [row for row in table if row["fa_rate"] <= fa_target and row["recall"] >= 0.9 and row["runs"]]
     best = (max(ok, key=lambda row: (np.nan_to_num(row["lead_median"], nan=-1e9), row["recall"])) if ok
-            else max(table, key=lambda row: np.nan_to_num(row["recall"] - row["fa_rate"], nan=-1e9)))
+            else max(table, key=lambda row: (np.nan_to_num(row["recall"] - row["fa_rate"], nan=-1e9),
+                                             np.nan_to_num(row["lead_median"], nan=-1e9))))
     return best["lead"], best["patience"], table
 
 
@@ -377,12 +385,19 @@ def score(runs: list[RunData], warns: list[int | None]) -> dict[str, Any]:
     return out
 
 
+STEPS = 4
+"""Significant digits of a lead in steps: 106.5 (a median of whole steps), not 1.1e+02."""
+
+
+def iv(x: float, ci: Any, digits: int = 2) -> str:
+    """'0.9 [0.8, 0.96]': a number and its interval."""
+    return f"{fmt(x, digits)} [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
 def line(s: dict[str, Any]) -> str:
     """'recall 0.9 [0.8, 0.96], false alarms 0.05 [0, 0.2], median lead 12 [8, 15] steps (n runs)'."""
-    def iv(x: float, ci: tuple[float, float]) -> str:
-        return f"{fmt(x, 2)} [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]"
     return (f"recall {iv(s['recall'], s['recall_ci'])}, false alarms {iv(s['fa_rate'], s['fa_ci'])}, "
-            f"median lead {iv(s['lead_median'], s['lead_ci'])} steps ({s['runs']} runs: {s['fell']} fell, "
+            f"median lead {iv(s['lead_median'], s['lead_ci'], STEPS)} steps ({s['runs']} runs: {s['fell']} fell, "
             f"{s['held']} held)")
 
 
@@ -460,12 +475,13 @@ def cv_row(params: DetectorParams) -> dict[str, Any]:
 def choose_family(results: dict[str, dict[str, Any]], fa_target: float) -> str:
     """The family set chosen on the fit runs alone (its cross-validated row, never a held-out number): the
     longest median lead among those within fa_target false alarms and recall at least 0.9, else the best
-    recall minus false alarms. The same rule `select` applies to lead and patience."""
+    recall minus false alarms, ties to the longer lead. The same rule `select` applies to lead and patience."""
     rows = {name: r["cv"] for name, r in results.items()}
     ok = [n for n, r in rows.items() if r["fa_rate"] <= fa_target and r["recall"] >= 0.9]
     if ok:
         return max(ok, key=lambda n: (np.nan_to_num(rows[n]["lead_median"], nan=-1e9), rows[n]["recall"]))
-    return max(rows, key=lambda n: np.nan_to_num(rows[n]["recall"] - rows[n]["fa_rate"], nan=-1e9))
+    return max(rows, key=lambda n: (np.nan_to_num(rows[n]["recall"] - rows[n]["fa_rate"], nan=-1e9),
+                                    np.nan_to_num(rows[n]["lead_median"], nan=-1e9)))
 
 
 def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, provenance: dict[str, Any] | None = None,
@@ -481,7 +497,7 @@ def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, proven
         try:
             params = fit(fit_runs, fa_target=fa_target, provenance=provenance, names=names)
         except ConfigError as e:
-            out[name] = {"families": list(fams), "error": str(e)}
+            out[name] = {"families": list(fams), "error": "; ".join(e.problems)}
             continue
         out[name] = {"families": list(fams), "params": params, "cv": cv_row(params),
                      "evaluation": evaluate(usable, params, fa_target)}
@@ -491,9 +507,6 @@ def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, proven
 def family_rows(results: dict[str, dict[str, Any]], chosen: str) -> list[list[str]]:
     """The ablation as a table (header first): per family set its cross-validated numbers on the fit runs
     and its held-out recall, false alarms and median lead with their intervals."""
-    def iv(x: float, ci: Any) -> str:
-        return f"{fmt(x, 2)} [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]"
-
     rows = [["signals", "fit runs, cross-validated: recall / false alarms / lead", "held-out runs",
              "held-out recall [95% CI]", "held-out false alarms [95% CI]", "held-out median lead, steps [95% CI]"]]
     for name, r in results.items():
@@ -502,9 +515,9 @@ def family_rows(results: dict[str, dict[str, Any]], chosen: str) -> list[list[st
             continue
         cv, h = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
         rows.append([name + (" (chosen)" if name == chosen else ""),
-                     f"{fmt(cv['recall'], 2)} / {fmt(cv['fa_rate'], 2)} / {fmt(cv['lead_median'], 2)}",
+                     f"{fmt(cv['recall'], 2)} / {fmt(cv['fa_rate'], 2)} / {fmt(cv['lead_median'], STEPS)}",
                      f"{h['runs']} ({h['fell']} fell)", iv(h["recall"], h["recall_ci"]), iv(h["fa_rate"], h["fa_ci"]),
-                     iv(h["lead_median"], h["lead_ci"])])
+                     iv(h["lead_median"], h["lead_ci"], STEPS)])
     return rows
 
 
@@ -517,7 +530,7 @@ def print_families(results: dict[str, dict[str, Any]], chosen: str) -> None:
         cv, held = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
         mark = "  <- chosen on the fit runs" if name == chosen else ""
         print(f"  {name:<26} fit runs (cross-validated): recall {fmt(cv['recall'], 2)}, false alarms "
-              f"{fmt(cv['fa_rate'], 2)}, median lead {fmt(cv['lead_median'], 2)}{mark}")
+              f"{fmt(cv['fa_rate'], 2)}, median lead {fmt(cv['lead_median'], STEPS)}{mark}")
         print(f"  {'':<26} held-out: {line(held)}")
 
 
@@ -563,7 +576,7 @@ def summary_line(ev: dict[str, Any]) -> str:
     """The one line the issue asks for: the detector on every held-out run."""
     s = ev["groups"]["held-out (all)"]
     return (f"held-out: recall {fmt(s['recall'], 2)}, false alarms {fmt(s['fa_rate'], 2)}, median lead "
-            f"{fmt(s['lead_median'], 2)} steps ({s['runs']} runs)")
+            f"{fmt(s['lead_median'], STEPS)} steps ({s['runs']} runs)")
 
 
 def print_evaluation(ev: dict[str, Any]) -> None:
@@ -577,7 +590,7 @@ def print_evaluation(ev: dict[str, Any]) -> None:
             if isinstance(s, dict):
                 print(f"  {g:<34} {line(s)}")
     print("operating curve on the held-out runs (threshold: recall, false alarms, median lead):")
-    print("  " + "; ".join(f"{c['threshold']:.2f}: {fmt(c['recall'], 2)}, {fmt(c['fa_rate'], 2)}, {fmt(c['lead_median'], 2)}"
+    print("  " + "; ".join(f"{c['threshold']:.2f}: {fmt(c['recall'], 2)}, {fmt(c['fa_rate'], 2)}, {fmt(c['lead_median'], STEPS)}"
                            for c in ev["curve"][::3]))
     print(summary_line(ev))
 
@@ -620,10 +633,8 @@ def table_rows(ev: dict[str, Any]) -> list[list[str]]:
     """The evaluation as a table (header first) for the reports: the detector per group, then each
     baseline on every held-out run."""
     def cells(s: dict[str, Any]) -> list[str]:
-        def iv(x: float, ci: list[float]) -> str:
-            return f"{fmt(x, 2)} [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]"
         return [f"{s['runs']} ({s['fell']} fell)", iv(s["recall"], s["recall_ci"]), iv(s["fa_rate"], s["fa_ci"]),
-                iv(s["lead_median"], s["lead_ci"])]
+                iv(s["lead_median"], s["lead_ci"], STEPS)]
 
     rows = [["warning", "runs", "recall [95% CI]", "false alarms [95% CI]", "median lead, steps [95% CI]"]]
     rows += [[f"detector: {g}", *cells(s)] for g, s in ev["groups"].items()]
@@ -656,8 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "summary (reports/reference.json) instead of reading a store") if name == "evaluate" else None
         p.add_argument("--params", metavar="FILE", help=f"the detector (default: {DEFAULT_PARAMS.name}, the committed one)"
                        if name == "evaluate" else argparse.SUPPRESS)
-        p.add_argument("--fit-world", metavar="HASH", help="the fit world's hash, or several comma-separated (default: "
-                       "the detector file's; fit: the world of most runs)")
+        p.add_argument("--fit-world", metavar="HASH", help="the fit world's hash or a unique prefix (e.g. the 8 characters "
+                       "the tables print), or several comma-separated (default: the detector file's; fit: the world of "
+                       "most runs)")
         p.add_argument("--fit-files", metavar="LIST", help=f"figure files of the fit runs (default: "
                        f"{','.join(DEFAULT_FIT_FILES)})")
         p.add_argument("--fit-seeds", metavar="LIST", default=None, help="seeds of the fit runs (default: 0-2)")
@@ -720,13 +732,33 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
     from harness.registry import parse_seeds
 
     stored = (params.provenance.get("split") if params else None) or {}
-    world = args.fit_world.split(",") if args.fit_world and "," in args.fit_world else args.fit_world or stored.get("world")
+    world = stored.get("world")
+    if args.fit_world:
+        have = sorted({r.world for r in runs})
+        given = [w.strip() for w in args.fit_world.split(",") if w.strip()]
+        found = [[h for h in have if h.startswith(w)] for w in given]
+        if bad := [w for w, f in zip(given, found) if len(f) != 1]:
+            raise ConfigError([f"--fit-world: got {', '.join(bad)}; allowed: the hashes (or unique prefixes, e.g. "
+                               f"the 8 characters the tables print) of the worlds these runs are on: {', '.join(have)}"])
+        world = [f[0] for f in found] if len(found) > 1 else found[0][0]
     if world is None:
         world = pd.Series([r.world for r in runs]).value_counts().index[0]
     files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
     seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else stored.get("seeds") or [0, 1, 2]
     trials = parse_seeds(args.fit_trials, "--fit-trials") if args.fit_trials else stored.get("trials")
     return Split(world, files, seeds, trials)
+
+
+def store_record(store: str, runs: list[RunData]) -> dict[str, Any]:
+    """An evaluation's runs: where from, how many, the code and each provenance tag's values they ran with."""
+    seen = distinct_values(r.provenance for r in runs)  # the runs' versions, CPU, worlds: each tag's values
+    return {"uri": store, "runs": len(runs), "commits": sorted({r.commit for r in runs}),
+            "provenance": {k: sorted(v) for k, v in sorted(seen.items())}}
+
+
+def _split_text(split: Split) -> str:
+    world = split.world if isinstance(split.world, str) else ",".join(split.world)
+    return f"world {world}, files {','.join(split.files)}, seeds {','.join(map(str, split.seeds))}"
 
 
 def _write_params(params: DetectorParams, path: Path) -> None:
@@ -739,7 +771,7 @@ def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any
                               sets=FAMILY_SETS | TREND_SETS if args.trend else None)
     fitted = {n: r for n, r in results.items() if "error" not in r}
     if not fitted:
-        raise ConfigError([r["error"] for r in results.values()])
+        raise ConfigError(list(dict.fromkeys(r["error"] for r in results.values())))  # each problem once
     chosen = choose_family(fitted, args.fa_target)
     no_audit = {n: r for n, r in fitted.items() if not reads_audit(family_features(r["families"]))}
     chosen_no_audit = choose_family(no_audit, args.fa_target) if no_audit else None
@@ -757,6 +789,8 @@ def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any
     ev["detector"] = {"file": str(args.save or chosen), "threshold": params.threshold, "patience": params.patience,
                       "provenance": params.provenance, "families": fitted[chosen]["families"]}
     ev["families"] = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "rows": family_rows(results, chosen)}
+    scored = [r for r in runs if has_features(r, tuple(params.features))]  # the runs the chosen detector was scored on
+    ev["store"] = store_record(prov["store"], scored)
     (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
     draw(ev, out)
     for path, name in ((args.save, chosen), (args.save_no_audit, chosen_no_audit)):
@@ -818,6 +852,10 @@ def main(argv: list[str] | None = None) -> int:
                 "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
                 "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
                 "run_commits": sorted({r.commit for r in fit_runs})}
+        if args.cmd != "fit" and not [r for r in runs if r.group != "fit"]:
+            raise ConfigError([f"{args.cmd}: every run here is a fit run ({len(runs)} runs of {_split_text(split)}); "
+                               "allowed: runs with held-out ones (another world, figure file or seed than "
+                               "--fit-world, --fit-files, --fit-seeds)"])
         if args.cmd == "families":
             return _families(args, runs, prov)
         if args.cmd == "fit":
@@ -830,6 +868,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fit on {len(fit_runs)} runs ({sum(r.fell for r in fit_runs)} whose gold fell), features of "
                   f"{', '.join(families)}: lead {params.provenance['lead']}, patience {params.patience} (cross-validated: "
                   f"{params.provenance['selection'][0]['folds']}), threshold {params.threshold:g}; written to {save}")
+            if not [r for r in runs if r.group != "fit"]:
+                print(f"every run here is a fit run: none to score it on. Score it on runs it was not fit on with "
+                      f"`python -m analysis.detector evaluate --params {save} --tracking-uri STORE` (or --runs FILE.npz)")
+                return 0
         kept = [r for r in runs if has_features(r, tuple(params.features))]
         if len(kept) < len(runs):
             print(f"note: {len(runs) - len(kept)} runs do not log every signal the detector reads; scored on the other "
@@ -841,9 +883,7 @@ def main(argv: list[str] | None = None) -> int:
         ev["detector"] = {"file": str(getattr(args, "save", None) or getattr(args, "params", None) or DEFAULT_PARAMS.name),
                           "threshold": params.threshold,
                           "patience": params.patience, "provenance": params.provenance}
-        seen = distinct_values(r.provenance for r in runs)  # the runs' versions, CPU, worlds: each tag's values
-        ev["store"] = {"uri": store, "runs": len(runs), "commits": sorted({r.commit for r in runs}),
-                       "provenance": {k: sorted(v) for k, v in sorted(seen.items())}}
+        ev["store"] = store_record(store, runs)
         (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
         draw(ev, out)
         print_evaluation(ev)

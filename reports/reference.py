@@ -205,27 +205,41 @@ def worlds_cell(c: dict) -> str:
     return f"{on_worlds(per)}: {', '.join(per)}{pooled}"
 
 
-AUDIT_DETECTOR = Path("detector") / "audit" / "evaluation.json"
-"""The detector of runs with audit reward models, its held-out evaluation and the signal families' ablation
-(`python -m analysis.detector families --out reports/detector/audit`), beside today's in detector/."""
+LATER_DETECTORS = {
+    "detector_audit": ("audit", Path("detector") / "audit"),
+    "detector_campaign": ("campaign", Path("detector") / "campaign"),
+    "detector_campaign_refit": ("refit", Path("detector") / "campaign" / "refit"),
+    "detector_campaign2": ("campaign2", Path("detector") / "campaign2"),
+    "detector_campaign2_refit": ("campaign2 refit", Path("detector") / "campaign2" / "refit"),
+}
+"""Summary key -> (kind, folder under reports/) of the committed evaluations beside today's detector's
+(detector/evaluation.json), each rendered where its folder's evaluation.json exists: the detector of runs
+with audit reward models and its families' ablation (`python -m analysis.detector families --out
+reports/detector/audit`); the committed detectors scored on a later campaign's runs (detector/campaign/, its
+runs file `runs.npz` beside it, so any detector refits without the store), a detector refit on that
+campaign's runs (campaign/refit/), and both scored on a second campaign on a world none was fit on
+(campaign2/, campaign2/refit/)."""
 
 
-CAMPAIGN_DETECTOR = Path("detector") / "campaign" / "evaluation.json"
-"""The committed detectors scored on a later campaign's runs, none of which either was fit on (critic-free
-estimators and a bigger world among them); its runs file `runs.npz` beside it refits without the store."""
+def _split_flags(prov: dict) -> str:
+    split = prov.get("split", {})
+    world = split.get("world", "?")
+    world = ",".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
+    return (f"--fit-world {world} --fit-files {','.join(split.get('files', []))} "
+            f"--fit-seeds {','.join(map(str, split.get('seeds') or []))}")
 
 
 def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
-    """kind: base (today's detector, detector/), audit (the audit RMs', detector/audit/) or campaign (a later
-    campaign's runs, detector/campaign/)."""
+    """kind: base (today's detector, detector/) or a kind of LATER_DETECTORS."""
     if not ev:
         return []
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
     world = prov.get("split", {}).get("world", "?")
     world = ", ".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
-    folder = {"base": "reports/detector/", "audit": "reports/detector/audit/",
-              "campaign": "reports/detector/campaign/"}[kind]
+    folder = "reports/detector/" if kind == "base" else f"reports/{dict(LATER_DETECTORS.values())[kind].as_posix()}/"
+    n = ev.get("store", {}).get("runs", "?")
+    evaluate = "python -m analysis.detector evaluate --runs"
     head = {"audit": ["### The early warning with audit reward models (`harness/detector_params.json`)", "",
                       "The detector a run uses when it scores its samples with audit reward models "
                       "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`); "
@@ -233,11 +247,25 @@ def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
             "base": ["### The early warning against the gold truth", "",
                      f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."],
             "campaign": ["### The early warning on a later campaign's runs", "",
-                         f"The detector with audit reward models on {ev.get('store', {}).get('runs', '?')} runs trained "
-                         "after it was fit (critic-free estimators and a bigger world among them), none of them fit on: "
-                         f"`{ev['line']}` (`python -m analysis.detector evaluate --runs {folder}runs.npz --params "
-                         f"harness/detector_params.json --out {folder}`; `runs.npz` holds the runs' signals, so any "
-                         "detector can be fit or scored on them without their store)."]}[kind]
+                         f"The detector with audit reward models on {n} runs trained after it was fit (critic-free "
+                         "estimators and a bigger world among them), none of them fit on: "
+                         f"`{ev['line']}` (`{evaluate} {folder}runs.npz --params harness/detector_params.json --out "
+                         f"{folder}`; `runs.npz` holds the runs' signals, so any detector can be fit or scored on them "
+                         "without their store)."],
+            "refit": ["### A detector refit on that campaign's runs", "",
+                      "The detector fit again on part of that campaign (critic-free estimators among its fit runs: the "
+                      "committed one saw none), its signal families, lead, patience and threshold chosen on its fit "
+                      f"runs alone (cross-validated), scored on the campaign's other runs: `{ev['line']}` (`python -m "
+                      f"analysis.detector families --runs reports/detector/campaign/runs.npz {_split_flags(prov)} "
+                      f"--out {folder} --save {folder}detector_params.json`)."],
+            "campaign2": ["### The early warning on a second campaign, on a world no detector saw", "",
+                          f"The committed detector with audit reward models on {n} runs of a world seed no detector "
+                          f"here was fit or scored on before: `{ev['line']}` (`{evaluate} {folder}runs.npz --params "
+                          f"harness/detector_params.json --out {folder}`)."],
+            "campaign2 refit": ["", f"The detector refit on every run of the first campaign (`{folder}"
+                                "detector_params.json`, its families those chosen on the first campaign's fit runs), on "
+                                f"the same {n} runs: `{ev['line']}` (`{evaluate} reports/detector/campaign2/runs.npz "
+                                f"--params {folder}detector_params.json --out {folder}`)."]}[kind]
     head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
                  f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
                  f"{world}; every other row is scored on runs it was not fit on "
@@ -279,8 +307,9 @@ def readme(summary: dict) -> str:
                   + ".", ""]
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
-    lines += (detector_text(summary.get("detector")) + detector_text(summary.get("detector_audit"), "audit")
-              + detector_text(summary.get("detector_campaign"), "campaign"))
+    lines += detector_text(summary.get("detector"))
+    for key, (kind, _) in LATER_DETECTORS.items():
+        lines += detector_text(summary.get(key), kind)
     lines += ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
@@ -314,8 +343,8 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
-    for key, path in (("detector_audit", AUDIT_DETECTOR), ("detector_campaign", CAMPAIGN_DETECTOR)):
-        if (ev := detector.load_summary(out / path)) is not None:
+    for key, (_, folder) in LATER_DETECTORS.items():
+        if (ev := detector.load_summary(out / folder / "evaluation.json")) is not None:
             summary[key] = ev
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
@@ -339,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     ap = argparse.ArgumentParser(prog="python -m reports.reference", description=main.__doc__)
-    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (and "
-                    "reports/detector/audit/evaluation.json, the audit RMs' detector, and detector/campaign/evaluation.json, "
-                    "a later campaign's runs) into the summary")
+    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (and the "
+                    "other committed evaluations under reports/detector/: the audit RMs' detector, later campaigns' runs) "
+                    "into the summary")
     ap.add_argument("--out", default=str(Path(__file__).parent), help="the reference folder (default: reports/)")
     ap.add_argument("--redecide", choices=list(RULES), metavar="KIND",
                     help="decide the claims of this rule kind again from the summary's per-run numbers (after their "
@@ -359,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        for key, path in (("detector_audit", AUDIT_DETECTOR), ("detector_campaign", CAMPAIGN_DETECTOR)):
-            if (found := detector.load_summary(out / path)) is not None:
+        for key, (_, folder) in LATER_DETECTORS.items():
+            if (found := detector.load_summary(out / folder / "evaluation.json")) is not None:
                 summary[key] = found
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
     if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds

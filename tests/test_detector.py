@@ -4,6 +4,7 @@ synthetic store whose truth is known (fit on one part, scored on the held-out re
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,6 +194,17 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
         assert expected in err and "allowed:" in err, err
     assert D.main(["export", "--tracking-uri", uri, "--to", str(tmp_path / "runs.json")]) == 2
     assert "allowed: a file name ending in .npz" in capsys.readouterr().err
+    assert D.main(["evaluate", *file_argv[:2], "--fit-world", "w", "--params", str(save)]) == 2  # w0 or w1?
+    assert "--fit-world: got w; allowed: the hashes (or unique prefixes" in capsys.readouterr().err
+    # every run a fit run: fit writes the detector and says there is nothing to score it on; families, whose
+    # point is the held-out score, refuses before it fits anything
+    everything = ["--runs", str(runs_file), "--fit-world", "w0,w1", "--fit-files", "fitfile,otherfile",
+                  "--fit-seeds", "0-5", "--out", str(tmp_path / "all")]
+    assert D.main(["families", *everything]) == 2
+    assert "every run here is a fit run (48 runs of world w0,w1" in capsys.readouterr().err
+    assert D.main(["fit", *everything, "--save", str(tmp_path / "all.json")]) == 0
+    assert "none to score it on" in capsys.readouterr().out
+    assert load_params(tmp_path / "all.json").provenance["fit_runs"] == 48
 
 
 def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has_a_critic():
@@ -221,26 +233,38 @@ def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has
 def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold():
     from types import SimpleNamespace
 
-    from analysis.detector import CV_FOLDS, cv_folds
+    from analysis.detector import CV_FOLDS, MIN_EACH, cv_folds
 
-    def runs(files: list[str], configs: int, worlds: int = 2) -> list:  # a figure file's runs: no trial
-        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None)
-                for f in files for c in range(configs) for w in range(worlds)]
+    def runs(files: list[str], configs: int, worlds: int = 2, seeds: int = 1, fell=lambda f, c: c % 2 == 0) -> list:
+        # a figure file's runs (no trial); the config hash holds the seed and the world, as the store's does
+        return [SimpleNamespace(ablation=f, variant=f"v{c}", config_hash=f"{f}-c{c}-s{s}-w{w}",
+                                run_id=f"{f}-c{c}-s{s}-w{w}", trial=None, fell=fell(f, c))
+                for f in files for c in range(configs) for s in range(seeds) for w in range(worlds)]
 
-    two = runs(["a", "b"], 3)
+    two = runs(["a", "b"], 12)
     how, folds = cv_folds(two)
     assert how == "leave one figure file out" and len(folds) == 2
     assert [{two[i].ablation for i in test} for _, test in folds] == [{"a"}, {"b"}]
-    one = runs(["study"], 12)  # a design study: one file, each configuration on two worlds
+    one = runs(["study"], 12, seeds=2)  # one file: each variant at two seeds on two worlds
     how, folds = cv_folds(one)
     assert how == f"{CV_FOLDS} folds by configuration" and len(folds) == CV_FOLDS
-    tested = [one[i].config_hash for _, test in folds for i in test]
-    assert sorted(tested) == sorted(r.config_hash for r in one)  # every run tested once
-    for train, test in folds:  # a configuration's other world never trains the fold that tests it
-        assert not {one[i].config_hash for i in train} & {one[i].config_hash for i in test}
+    tested = sorted(one[i].run_id for _, test in folds for i in test)
+    assert tested == sorted(r.run_id for r in one)  # every run tested once
+    for train, test in folds:  # a variant's other seeds and worlds never train the fold that tests it
+        assert not {one[i].variant for i in train} & {one[i].variant for i in test}
+        assert {one[i].fell for i in test} == {True, False}  # stratified: each fold tests both kinds
+    # every run whose gold held in one file: leaving it out leaves nothing to set a threshold on, so the
+    # folds go by configuration, each training on at least MIN_EACH of each kind
+    held_in_b = runs(["a", "b", "c"], 6, fell=lambda f, c: f != "b")
+    how, folds = cv_folds(held_in_b)
+    assert how == f"{CV_FOLDS} folds by configuration"
+    for train, test in folds:
+        assert min(sum(held_in_b[i].fell for i in train), sum(not held_in_b[i].fell for i in train)) >= MIN_EACH
+        assert not {(held_in_b[i].ablation, held_in_b[i].variant) for i in train} & {
+            (held_in_b[i].ablation, held_in_b[i].variant) for i in test}
     # a design study's trial on two worlds: two config hashes (the world is in the config), one configuration
-    study = [SimpleNamespace(ablation="study", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}", trial=c)
-             for c in range(12) for w in range(2)]
+    study = [SimpleNamespace(ablation="study", variant=f"trial {c}", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}",
+                             trial=c, fell=c % 3 == 0) for c in range(12) for w in range(2)]
     _, folds = cv_folds(study)
     for train, test in folds:
         assert not {study[i].trial for i in train} & {study[i].trial for i in test}
@@ -294,8 +318,11 @@ def test_signals_the_detector_reads_are_logged_by_every_run():
     assert set(BASE_SIGNALS.values()) <= set(K.STEP_METRICS) | {K.PPL_TOKENS}
 
 
-@pytest.mark.parametrize("summary", ["reports/detector/evaluation.json", "reports/detector/audit/evaluation.json",
-                                     "reports/reference.json"])
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_EVALUATIONS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "reports" / "detector").rglob("evaluation.json"))
+
+
+@pytest.mark.parametrize("summary", [*COMMITTED_EVALUATIONS, "reports/reference.json"])
 def test_committed_evaluations_print_their_held_out_line_and_the_readmes_agree(summary, capsys):
     """`python -m analysis.detector evaluate --summary FILE` on each committed evaluation (an evaluation.json
     itself, whose "detector" is the detector's parameters, or reference.json) prints its held-out line, and
@@ -310,3 +337,22 @@ def test_committed_evaluations_print_their_held_out_line_and_the_readmes_agree(s
     assert main(["evaluate", "--summary", str(root / summary)]) == 0
     assert capsys.readouterr().out.rstrip().splitlines()[-1] == line
     assert f"`{line}`" in (root / "reports" / "README.md").read_text()
+
+
+FROM_RUNS_FILES = [e for e in COMMITTED_EVALUATIONS
+                   if json.loads((ROOT / e).read_text()).get("store", {}).get("uri", "").split(" (exported from")[0].endswith(".npz")]
+
+
+@pytest.mark.parametrize("summary", FROM_RUNS_FILES)
+def test_committed_runs_files_give_their_committed_evaluations_again(summary, tmp_path, capsys, monkeypatch):
+    """Every committed evaluation scored from a committed runs file (a campaign's `runs.npz`) comes out the
+    same when its detector is scored on that file again: the line, every group and baseline."""
+    from analysis.detector import main
+
+    monkeypatch.chdir(ROOT)  # the evaluation names its runs file and detector as the README's command does
+    ev = json.loads((ROOT / summary).read_text())
+    runs, params = ev["store"]["uri"].split(" (exported from")[0], ev["detector"]["file"]
+    assert main(["evaluate", "--runs", runs, "--params", params, "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == ev["line"]
+    again = json.loads((tmp_path / "evaluation.json").read_text())
+    assert again["groups"] == ev["groups"] and again["baselines"] == ev["baselines"] and again["curve"] == ev["curve"]
