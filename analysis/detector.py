@@ -657,10 +657,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     helps = {"fit": "fit a detector, then evaluate it", "evaluate": "evaluate a detector",
              "families": "the signal families ablated: a detector per family set, fit on the fit runs, scored held out"}
+    store = "the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
     for name in ("fit", "evaluate", "families"):
         p = sub.add_parser(name, help=helps[name])
-        p.add_argument("--tracking-uri", help="the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else "
-                       "sqlite:///mlflow.db)")
+        p.add_argument("--tracking-uri", help=store)
         p.add_argument("--runs", metavar="FILE.npz", help="read the runs from a runs file (`export`) instead of a store, "
                        "e.g. a committed campaign's reports/detector/*/runs.npz")
         p.add_argument("--summary", metavar="JSON", help="evaluate: print the detector section of a reference "
@@ -698,8 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write every finished train run of a store, as fit and evaluate read it (per-step "
                        "signals, gold onset, where it belongs), to a compressed .npz that --runs reads back: a "
                        "campaign's runs, committed, refit without the store.")
-    e.add_argument("--tracking-uri", help="the MLflow store of the runs (default: $MLFLOW_TRACKING_URI, else "
-                   "sqlite:///mlflow.db)")
+    e.add_argument("--tracking-uri", help=store)
     e.add_argument("--to", metavar="FILE.npz", required=True, help="the runs file to write")
     return ap
 
@@ -720,11 +719,11 @@ def _export(args: argparse.Namespace) -> int:
     if not runs:
         raise ConfigError([f"{store}: no finished train run with a gold reward and the detector's signals; nothing "
                            "to export"])
+    worlds = sorted({r.world for r in runs})
     path = save_runs(runs, args.to, {"commit": tracking.git_commit(), "store": store,
-                                     "run_commits": sorted({r.commit for r in runs}),
-                                     "worlds": sorted({r.world for r in runs})})
+                                     "run_commits": sorted({r.commit for r in runs}), "worlds": worlds})
     print(f"written {len(runs)} runs ({sum(r.fell for r in runs)} whose gold fell; worlds "
-          f"{', '.join(w[:8] for w in sorted({r.world for r in runs}))}) to {path}, {path.stat().st_size / 1e6:.2f} MB")
+          f"{', '.join(w[:8] for w in worlds)}) to {path}, {path.stat().st_size / 1e6:.2f} MB")
     return 0
 
 

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 
 from .algorithms.estimators import NEEDS_CRITIC
 from .config import TrainConfig
+from .world.load import WORLD_FILE
 
 
 class ModelPathError(ValueError):
@@ -54,7 +55,7 @@ def audit_paths(cfg: TrainConfig) -> list[str]:
     if spec == "none":
         return []
     if spec in ("auto", "world"):
-        if cfg.data.source != "world" or not (Path(cfg.data.world_dir) / "world.json").is_file():
+        if cfg.data.source != "world" or not (Path(cfg.data.world_dir) / WORLD_FILE).is_file():
             return []
         from .world.audit import ensure_audit, member_dirs
 
@@ -90,7 +91,7 @@ def preflight(cfg: TrainConfig) -> list[str]:
     token ids, so one tokenizer must serve all four)."""
     problems: list[str] = []
     d = cfg.data
-    if d.source == "world" and not (Path(d.world_dir) / "world.json").is_file():
+    if d.source == "world" and not (Path(d.world_dir) / WORLD_FILE).is_file():
         problems.append(f"data.world_dir: got {d.world_dir!r}; it holds no built world. Build it with "
                         f"`python -m harness.world build --out {d.world_dir}`")
         return problems

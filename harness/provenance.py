@@ -68,8 +68,10 @@ def world(world_dir: str | Path | None) -> dict[str, str]:
     """The built world's config hash, content hash and measured properties (RM accuracies, SFT gold), if any."""
     if not world_dir:
         return {}
+    from harness.world.load import WORLD_FILE
+
     try:
-        info = json.loads((Path(world_dir) / "world.json").read_text())
+        info = json.loads((Path(world_dir) / WORLD_FILE).read_text())
     except (OSError, ValueError):
         return {}
     metrics = {k: f"{v:.4g}" for k, v in sorted(info.get("metrics", {}).items()) if isinstance(v, (int, float))}

@@ -26,6 +26,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from harness.world.load import WORLD_FILE
+
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 MANIFEST = "manifest.json"
 NOT_CONTENT = {"build_info.json"}  # timings and the build's start time: not what runs read
@@ -43,7 +45,7 @@ def _files(world_dir: Path) -> list[Path]:
 def content_hash(world_dir: str | Path) -> str:
     """sha256 (16 hex digits) of a world folder's files by relative path and bytes, build_info.json left out."""
     d = Path(world_dir)
-    st = (d / "world.json").stat()  # a rebuild rewrites world.json: hashed anew
+    st = (d / WORLD_FILE).stat()  # a rebuild rewrites world.json: hashed anew
     return _content_hash(d.resolve(), (st.st_mtime_ns, st.st_ino))
 
 
@@ -102,7 +104,7 @@ def pack(world_dir: str | Path, shipped_dir: Path | None = None, cpu: dict[str, 
     `cpu`: the machine's (harness.provenance.cpu), for a build that did not record its own."""
     shipped_dir = shipped_dir or SHIPPED_DIR
     d = Path(world_dir)
-    info = json.loads((d / "world.json").read_text())
+    info = json.loads((d / WORLD_FILE).read_text())
     chash = info["config_hash"]
     build_info = json.loads((d / "build_info.json").read_text()) if (d / "build_info.json").is_file() else {}
     shipped_dir.mkdir(parents=True, exist_ok=True)
