@@ -211,14 +211,15 @@ LATER_DETECTORS = {
     "detector_campaign_refit": ("refit", Path("detector") / "campaign" / "refit"),
     "detector_campaign2": ("campaign2", Path("detector") / "campaign2"),
     "detector_campaign2_refit": ("campaign2 refit", Path("detector") / "campaign2" / "refit"),
+    "detector_campaign2_no_audit": ("campaign2 no audit", Path("detector") / "campaign2" / "no_audit"),
 }
 """Summary key -> (kind, folder under reports/) of the committed evaluations beside today's detector's
 (detector/evaluation.json), each rendered where its folder's evaluation.json exists: the detector of runs
 with audit reward models and its families' ablation (`python -m analysis.detector families --out
 reports/detector/audit`); the committed detectors scored on a later campaign's runs (detector/campaign/, its
 runs file `runs.npz` beside it, so any detector refits without the store), a detector refit on that
-campaign's runs (campaign/refit/), and both scored on a second campaign on a world none was fit on
-(campaign2/, campaign2/refit/)."""
+campaign's runs (campaign/refit/), and both, with the detector of runs without audit RMs, scored on a second
+campaign on a world none was fit on (campaign2/, campaign2/refit/, campaign2/no_audit/)."""
 
 
 def _split_flags(prov: dict) -> str:
@@ -239,6 +240,7 @@ def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
     world = ", ".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
     folder = "reports/detector/" if kind == "base" else f"reports/{dict(LATER_DETECTORS.values())[kind].as_posix()}/"
     n = ev.get("store", {}).get("runs", "?")
+    seen = ev.get("store", {}).get("provenance", {})  # each provenance tag's values over the runs
     evaluate = "python -m analysis.detector evaluate --runs"
     head = {"audit": ["### The early warning with audit reward models (`harness/detector_params.json`)", "",
                       "The detector a run uses when it scores its samples with audit reward models "
@@ -259,13 +261,18 @@ def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
                       f"analysis.detector families --runs reports/detector/campaign/runs.npz {_split_flags(prov)} "
                       f"--out {folder} --save {folder}detector_params.json`)."],
             "campaign2": ["### The early warning on a second campaign, on a world no detector saw", "",
-                          f"The committed detector with audit reward models on {n} runs of a world seed no detector "
-                          f"here was fit or scored on before: `{ev['line']}` (`{evaluate} {folder}runs.npz --params "
+                          f"The committed detector with audit reward models on {n} runs of a world no detector here "
+                          f"was fit or scored on before ({', '.join(w[:8] for w in seen.get('world.hash', []))}): "
+                          f"`{ev['line']}` (`{evaluate} {folder}runs.npz --params "
                           f"harness/detector_params.json --out {folder}`)."],
-            "campaign2 refit": ["", f"The detector refit on every run of the first campaign (`{folder}"
+            "campaign2 refit": [f"The detector refit on every run of the first campaign (`{folder}"
                                 "detector_params.json`, its families those chosen on the first campaign's fit runs), on "
                                 f"the same {n} runs: `{ev['line']}` (`{evaluate} reports/detector/campaign2/runs.npz "
-                                f"--params {folder}detector_params.json --out {folder}`)."]}[kind]
+                                f"--params {folder}detector_params.json --out {folder}`)."],
+            "campaign2 no audit": ["The detector of runs without audit reward models (`harness/detector_params_no_audit.json`"
+                                   f", what such a run warns with), on the same {n} runs: `{ev['line']}` (`{evaluate} "
+                                   "reports/detector/campaign2/runs.npz --params harness/detector_params_no_audit.json "
+                                   f"--out {folder}`)."]}[kind]
     head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
                  f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
                  f"{world}; every other row is scored on runs it was not fit on "
