@@ -204,14 +204,8 @@ def _threshold(runs: list[RunData], model: tuple, window: int, baseline_steps: i
 
 CV_FOLDS = 5
 """Folds of the cross-validation by configuration (a design study's fit runs, or figure files of which one
-holds out too many of a kind for the rest to fit on): StratifiedGroupKFold, a configuration's runs on every
-world and seed in one fold, each fold with runs whose gold fell and runs whose gold held where there are."""
-
-
-def configuration(r: RunData) -> tuple[str, str]:
-    """A run's configuration, whatever its seed and world: its design-study trial, else its figure file's
-    variant. (Not the config hash: that holds the seed and the world.)"""
-    return (r.ablation, f"trial {r.trial}" if r.trial is not None else r.variant)
+holds out too many of a kind for the rest to fit on): StratifiedGroupKFold, a configuration's runs in one
+fold, each fold with runs whose gold fell and runs whose gold held where there are."""
 
 
 def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]]]:
@@ -228,7 +222,14 @@ def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]
         if all(min(sum(runs[i].fell for i in train), sum(not runs[i].fell for i in train)) >= MIN_EACH
                for train, _ in folds):
             return "leave one figure file out", [(list(a), list(b)) for a, b in folds]
-    configs = [" / ".join(configuration(r)) for r in runs]
+    configs = [r.config_hash or r.run_id for r in runs]
+    # one design-study trial is one configuration on each of its worlds (a config hash per world): one group,
+    # named by its smallest hash (a trial on one world keeps its own hash, as before)
+    name: dict[tuple[str, int], str] = {}
+    for r, c in zip(runs, configs):
+        if r.trial is not None:
+            name[(r.ablation, r.trial)] = min(c, name.get((r.ablation, r.trial), c))
+    configs = [name.get((r.ablation, r.trial), c) if r.trial is not None else c for r, c in zip(runs, configs)]
     k = min(CV_FOLDS, len(set(configs)))
     folds = StratifiedGroupKFold(n_splits=k).split(runs, [r.fell for r in runs], groups=configs)
     return f"{k} folds by configuration", [(list(a), list(b)) for a, b in folds]
@@ -385,19 +386,20 @@ def score(runs: list[RunData], warns: list[int | None]) -> dict[str, Any]:
     return out
 
 
-STEPS = 4
-"""Significant digits of a lead in steps: 106.5 (a median of whole steps), not 1.1e+02."""
+def fmt_steps(x: float | None) -> str:
+    """A lead in steps, to a tenth of a step: 106.5 (not 1.1e+02), 5.5 (a bootstrap's 5.488)."""
+    return "–" if x is None or not math.isfinite(x) else f"{round(x, 1):g}"
 
 
-def iv(x: float, ci: Any, digits: int = 2) -> str:
-    """'0.9 [0.8, 0.96]': a number and its interval."""
-    return f"{fmt(x, digits)} [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+def iv(x: float, ci: Any, f: Callable[[float], str] = lambda v: fmt(v, 2)) -> str:
+    """'0.9 [0.8, 0.96]': a number and its interval, each written by `f`."""
+    return f"{f(x)} [{f(ci[0])}, {f(ci[1])}]"
 
 
 def line(s: dict[str, Any]) -> str:
     """'recall 0.9 [0.8, 0.96], false alarms 0.05 [0, 0.2], median lead 12 [8, 15] steps (n runs)'."""
     return (f"recall {iv(s['recall'], s['recall_ci'])}, false alarms {iv(s['fa_rate'], s['fa_ci'])}, "
-            f"median lead {iv(s['lead_median'], s['lead_ci'], STEPS)} steps ({s['runs']} runs: {s['fell']} fell, "
+            f"median lead {iv(s['lead_median'], s['lead_ci'], fmt_steps)} steps ({s['runs']} runs: {s['fell']} fell, "
             f"{s['held']} held)")
 
 
@@ -515,9 +517,9 @@ def family_rows(results: dict[str, dict[str, Any]], chosen: str) -> list[list[st
             continue
         cv, h = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
         rows.append([name + (" (chosen)" if name == chosen else ""),
-                     f"{fmt(cv['recall'], 2)} / {fmt(cv['fa_rate'], 2)} / {fmt(cv['lead_median'], STEPS)}",
+                     f"{fmt(cv['recall'], 2)} / {fmt(cv['fa_rate'], 2)} / {fmt_steps(cv['lead_median'])}",
                      f"{h['runs']} ({h['fell']} fell)", iv(h["recall"], h["recall_ci"]), iv(h["fa_rate"], h["fa_ci"]),
-                     iv(h["lead_median"], h["lead_ci"], STEPS)])
+                     iv(h["lead_median"], h["lead_ci"], fmt_steps)])
     return rows
 
 
@@ -530,7 +532,7 @@ def print_families(results: dict[str, dict[str, Any]], chosen: str) -> None:
         cv, held = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
         mark = "  <- chosen on the fit runs" if name == chosen else ""
         print(f"  {name:<26} fit runs (cross-validated): recall {fmt(cv['recall'], 2)}, false alarms "
-              f"{fmt(cv['fa_rate'], 2)}, median lead {fmt(cv['lead_median'], STEPS)}{mark}")
+              f"{fmt(cv['fa_rate'], 2)}, median lead {fmt_steps(cv['lead_median'])}{mark}")
         print(f"  {'':<26} held-out: {line(held)}")
 
 
@@ -576,7 +578,7 @@ def summary_line(ev: dict[str, Any]) -> str:
     """The one line the issue asks for: the detector on every held-out run."""
     s = ev["groups"]["held-out (all)"]
     return (f"held-out: recall {fmt(s['recall'], 2)}, false alarms {fmt(s['fa_rate'], 2)}, median lead "
-            f"{fmt(s['lead_median'], STEPS)} steps ({s['runs']} runs)")
+            f"{fmt_steps(s['lead_median'])} steps ({s['runs']} runs)")
 
 
 def print_evaluation(ev: dict[str, Any]) -> None:
@@ -590,7 +592,7 @@ def print_evaluation(ev: dict[str, Any]) -> None:
             if isinstance(s, dict):
                 print(f"  {g:<34} {line(s)}")
     print("operating curve on the held-out runs (threshold: recall, false alarms, median lead):")
-    print("  " + "; ".join(f"{c['threshold']:.2f}: {fmt(c['recall'], 2)}, {fmt(c['fa_rate'], 2)}, {fmt(c['lead_median'], STEPS)}"
+    print("  " + "; ".join(f"{c['threshold']:.2f}: {fmt(c['recall'], 2)}, {fmt(c['fa_rate'], 2)}, {fmt_steps(c['lead_median'])}"
                            for c in ev["curve"][::3]))
     print(summary_line(ev))
 
@@ -634,7 +636,7 @@ def table_rows(ev: dict[str, Any]) -> list[list[str]]:
     baseline on every held-out run."""
     def cells(s: dict[str, Any]) -> list[str]:
         return [f"{s['runs']} ({s['fell']} fell)", iv(s["recall"], s["recall_ci"]), iv(s["fa_rate"], s["fa_ci"]),
-                iv(s["lead_median"], s["lead_ci"], STEPS)]
+                iv(s["lead_median"], s["lead_ci"], fmt_steps)]
 
     rows = [["warning", "runs", "recall [95% CI]", "false alarms [95% CI]", "median lead, steps [95% CI]"]]
     rows += [[f"detector: {g}", *cells(s)] for g, s in ev["groups"].items()]

@@ -266,7 +266,7 @@ def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
                           f"`{ev['line']}` (`{evaluate} {folder}runs.npz --params "
                           f"harness/detector_params.json --out {folder}`)."],
             "campaign2 refit": [f"The detector refit on every run of the first campaign (`{folder}"
-                                "detector_params.json`, its families those chosen on the first campaign's fit runs), on "
+                                "detector_params.json`, fit and its signal families chosen before the second campaign was trained), on "
                                 f"the same {n} runs: `{ev['line']}` (`{evaluate} reports/detector/campaign2/runs.npz "
                                 f"--params {folder}detector_params.json --out {folder}`)."],
             "campaign2 no audit": ["The detector of runs without audit reward models (`harness/detector_params_no_audit.json`"

@@ -235,23 +235,22 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
 
     from analysis.detector import CV_FOLDS, MIN_EACH, cv_folds
 
-    def runs(files: list[str], configs: int, worlds: int = 2, seeds: int = 1, fell=lambda f, c: c % 2 == 0) -> list:
-        # a figure file's runs (no trial); the config hash holds the seed and the world, as the store's does
-        return [SimpleNamespace(ablation=f, variant=f"v{c}", config_hash=f"{f}-c{c}-s{s}-w{w}",
-                                run_id=f"{f}-c{c}-s{s}-w{w}", trial=None, fell=fell(f, c))
-                for f in files for c in range(configs) for s in range(seeds) for w in range(worlds)]
+    def runs(files: list[str], configs: int, worlds: int = 2, fell=lambda f, c: c % 2 == 0) -> list:
+        # a figure file's runs: no trial, one configuration on each world
+        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None,
+                                fell=fell(f, c)) for f in files for c in range(configs) for w in range(worlds)]
 
     two = runs(["a", "b"], 12)
     how, folds = cv_folds(two)
     assert how == "leave one figure file out" and len(folds) == 2
     assert [{two[i].ablation for i in test} for _, test in folds] == [{"a"}, {"b"}]
-    one = runs(["study"], 12, seeds=2)  # one file: each variant at two seeds on two worlds
+    one = runs(["study"], 12)  # a design study: one file, each configuration on two worlds
     how, folds = cv_folds(one)
     assert how == f"{CV_FOLDS} folds by configuration" and len(folds) == CV_FOLDS
-    tested = sorted(one[i].run_id for _, test in folds for i in test)
-    assert tested == sorted(r.run_id for r in one)  # every run tested once
-    for train, test in folds:  # a variant's other seeds and worlds never train the fold that tests it
-        assert not {one[i].variant for i in train} & {one[i].variant for i in test}
+    tested = [one[i].config_hash for _, test in folds for i in test]
+    assert sorted(tested) == sorted(r.config_hash for r in one)  # every run tested once
+    for train, test in folds:  # a configuration's other world never trains the fold that tests it
+        assert not {one[i].config_hash for i in train} & {one[i].config_hash for i in test}
         assert {one[i].fell for i in test} == {True, False}  # stratified: each fold tests both kinds
     # every run whose gold held in one file: leaving it out leaves nothing to set a threshold on, so the
     # folds go by configuration, each training on at least MIN_EACH of each kind
@@ -260,11 +259,10 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
     assert how == f"{CV_FOLDS} folds by configuration"
     for train, test in folds:
         assert min(sum(held_in_b[i].fell for i in train), sum(not held_in_b[i].fell for i in train)) >= MIN_EACH
-        assert not {(held_in_b[i].ablation, held_in_b[i].variant) for i in train} & {
-            (held_in_b[i].ablation, held_in_b[i].variant) for i in test}
+        assert not {held_in_b[i].config_hash for i in train} & {held_in_b[i].config_hash for i in test}
     # a design study's trial on two worlds: two config hashes (the world is in the config), one configuration
-    study = [SimpleNamespace(ablation="study", variant=f"trial {c}", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}",
-                             trial=c, fell=c % 3 == 0) for c in range(12) for w in range(2)]
+    study = [SimpleNamespace(ablation="study", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}", trial=c, fell=c % 3 == 0)
+             for c in range(12) for w in range(2)]
     _, folds = cv_folds(study)
     for train, test in folds:
         assert not {study[i].trial for i in train} & {study[i].trial for i in test}
