@@ -745,6 +745,10 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
     if world is None:
         world = pd.Series([r.world for r in runs]).value_counts().index[0]
     files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
+    if args.cmd != "evaluate" and args.fit_files and (bad := [f for f in files if f not in {r.ablation for r in runs}]):
+        # (evaluate may name the files a detector was fit on elsewhere: none of them here, every run held out)
+        raise ConfigError([f"--fit-files: got {','.join(bad)}, which no run here is of; allowed: figure files of these "
+                           f"runs: {', '.join(sorted({r.ablation for r in runs}))}"])
     seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else stored.get("seeds") or [0, 1, 2]
     trials = parse_seeds(args.fit_trials, "--fit-trials") if args.fit_trials else stored.get("trials")
     return Split(world, files, seeds, trials)

@@ -196,6 +196,9 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert "allowed: a file name ending in .npz" in capsys.readouterr().err
     assert D.main(["evaluate", *file_argv[:2], "--fit-world", "w", "--params", str(save)]) == 2  # w0 or w1?
     assert "--fit-world: got w; allowed: the hashes (or unique prefixes" in capsys.readouterr().err
+    assert D.main(["families", *file_argv[:2], "--fit-files", "fitfile,nope"]) == 2  # before any fit
+    assert "--fit-files: got nope, which no run here is of; allowed: figure files of these runs: fitfile, otherfile" in (
+        capsys.readouterr().err)
     # every run a fit run: fit writes the detector and says there is nothing to score it on; families, whose
     # point is the held-out score, refuses before it fits anything
     everything = ["--runs", str(runs_file), "--fit-world", "w0,w1", "--fit-files", "fitfile,otherfile",
