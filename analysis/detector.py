@@ -745,10 +745,11 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
     if world is None:
         world = pd.Series([r.world for r in runs]).value_counts().index[0]
     files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
-    if args.cmd != "evaluate" and args.fit_files and (bad := [f for f in files if f not in {r.ablation for r in runs}]):
+    present = {r.ablation for r in runs}
+    if args.cmd != "evaluate" and args.fit_files and (bad := [f for f in files if f not in present]):
         # (evaluate may name the files a detector was fit on elsewhere: none of them here, every run held out)
         raise ConfigError([f"--fit-files: got {','.join(bad)}, which no run here is of; allowed: figure files of these "
-                           f"runs: {', '.join(sorted({r.ablation for r in runs}))}"])
+                           f"runs: {', '.join(sorted(present))}"])
     seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else stored.get("seeds") or [0, 1, 2]
     trials = parse_seeds(args.fit_trials, "--fit-trials") if args.fit_trials else stored.get("trials")
     return Split(world, files, seeds, trials)
@@ -857,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
                 "worlds": sorted({r.world for r in runs}), "fa_target": args.fa_target,
                 "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
                 "run_commits": sorted({r.commit for r in fit_runs})}
-        if args.cmd != "fit" and not [r for r in runs if r.group != "fit"]:
+        held_out = any(r.group != "fit" for r in runs)
+        if args.cmd != "fit" and not held_out:
             raise ConfigError([f"{args.cmd}: every run here is a fit run ({len(runs)} runs of {_split_text(split)}); "
                                "allowed: runs with held-out ones (another world, figure file or seed than "
                                "--fit-world, --fit-files, --fit-seeds)"])
@@ -873,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fit on {len(fit_runs)} runs ({sum(r.fell for r in fit_runs)} whose gold fell), features of "
                   f"{', '.join(families)}: lead {params.provenance['lead']}, patience {params.patience} (cross-validated: "
                   f"{params.provenance['selection'][0]['folds']}), threshold {params.threshold:g}; written to {save}")
-            if not [r for r in runs if r.group != "fit"]:
+            if not held_out:
                 print(f"every run here is a fit run: none to score it on. Score it on runs it was not fit on with "
                       f"`python -m analysis.detector evaluate --params {save} --tracking-uri STORE` (or --runs FILE.npz)")
                 return 0

@@ -222,23 +222,32 @@ campaign's runs (campaign/refit/), and both, with the detector of runs without a
 campaign on a world none was fit on (campaign2/, campaign2/refit/, campaign2/no_audit/)."""
 
 
+def later_detectors(out: Path) -> dict[str, dict]:
+    """Summary key -> evaluation of each LATER_DETECTORS folder under `out` that holds an evaluation.json."""
+    found = {key: detector.load_summary(out / folder / "evaluation.json") for key, (_, folder) in LATER_DETECTORS.items()}
+    return {key: ev for key, ev in found.items() if ev is not None}
+
+
+def _fit_worlds(prov: dict, sep: str) -> str:
+    """The fit world(s) of a detector's provenance, 8 characters each (what the tables print)."""
+    world = prov.get("split", {}).get("world", "?")
+    return sep.join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
+
+
 def _split_flags(prov: dict) -> str:
     split = prov.get("split", {})
-    world = split.get("world", "?")
-    world = ",".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
-    return (f"--fit-world {world} --fit-files {','.join(split.get('files', []))} "
+    return (f"--fit-world {_fit_worlds(prov, ',')} --fit-files {','.join(split.get('files', []))} "
             f"--fit-seeds {','.join(map(str, split.get('seeds') or []))}")
 
 
-def detector_text(ev: dict | None, kind: str = "base") -> list[str]:
-    """kind: base (today's detector, detector/) or a kind of LATER_DETECTORS."""
+def detector_text(ev: dict | None, kind: str = "base", where: Path = Path("detector")) -> list[str]:
+    """kind: base (today's detector, detector/) or a kind of LATER_DETECTORS, `where` its folder."""
     if not ev:
         return []
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
-    world = prov.get("split", {}).get("world", "?")
-    world = ", ".join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
-    folder = "reports/detector/" if kind == "base" else f"reports/{dict(LATER_DETECTORS.values())[kind].as_posix()}/"
+    world = _fit_worlds(prov, ", ")
+    folder = f"reports/{where.as_posix()}/"
     n = ev.get("store", {}).get("runs", "?")
     seen = ev.get("store", {}).get("provenance", {})  # each provenance tag's values over the runs
     evaluate = "python -m analysis.detector evaluate --runs"
@@ -315,8 +324,8 @@ def readme(summary: dict) -> str:
     if summary["not_run"]:
         lines += [f"Not yet run for the reference (no results here): {', '.join(summary['not_run'])}.", ""]
     lines += detector_text(summary.get("detector"))
-    for key, (kind, _) in LATER_DETECTORS.items():
-        lines += detector_text(summary.get(key), kind)
+    for key, (kind, where) in LATER_DETECTORS.items():
+        lines += detector_text(summary.get(key), kind, where)
     lines += ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
@@ -350,9 +359,7 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
-    for key, (_, folder) in LATER_DETECTORS.items():
-        if (ev := detector.load_summary(out / folder / "evaluation.json")) is not None:
-            summary[key] = ev
+    summary |= later_detectors(out)
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
     write_summary(summary, out)
@@ -395,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        for key, (_, folder) in LATER_DETECTORS.items():
-            if (found := detector.load_summary(out / folder / "evaluation.json")) is not None:
-                summary[key] = found
+        summary |= later_detectors(out)
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
     if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds
         summary["tricks"] = {**(summary.get("tricks") or {}), **found}
