@@ -490,7 +490,8 @@ def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, proven
                     sets: dict[str, tuple[str, ...]] | None = None) -> dict[str, dict[str, Any]]:
     """Per family set: the detector fit on the fit runs that log its signals (lead and patience by
     cross-validation, as `fit`), its cross-validated row, and its evaluation on the held-out runs that
-    log them: every set is scored on the same held-out runs where all of them can be."""
+    log them: every set is scored on the same held-out runs where all of them can be (None where every
+    run is a fit run: a detector fit on all of them, for runs still to come)."""
     out: dict[str, dict[str, Any]] = {}
     for name, fams in (sets or FAMILY_SETS).items():
         names = tuple(family_features(fams))
@@ -501,8 +502,9 @@ def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, proven
         except ConfigError as e:
             out[name] = {"families": list(fams), "error": "; ".join(e.problems)}
             continue
+        held = any(r.group != "fit" for r in usable)
         out[name] = {"families": list(fams), "params": params, "cv": cv_row(params),
-                     "evaluation": evaluate(usable, params, fa_target)}
+                     "evaluation": evaluate(usable, params, fa_target) if held else None}
     return out
 
 
@@ -529,11 +531,12 @@ def print_families(results: dict[str, dict[str, Any]], chosen: str) -> None:
         if "error" in r:
             print(f"  {name:<26} not fit: {r['error']}")
             continue
-        cv, held = r["cv"], r["evaluation"]["groups"]["held-out (all)"]
+        cv = r["cv"]
         mark = "  <- chosen on the fit runs" if name == chosen else ""
         print(f"  {name:<26} fit runs (cross-validated): recall {fmt(cv['recall'], 2)}, false alarms "
               f"{fmt(cv['fa_rate'], 2)}, median lead {fmt_steps(cv['lead_median'])}{mark}")
-        print(f"  {'':<26} held-out: {line(held)}")
+        if r["evaluation"]:
+            print(f"  {'':<26} held-out: {line(r['evaluation']['groups']['held-out (all)'])}")
 
 
 def draw_families(results: dict[str, dict[str, Any]], out: Path) -> list[Path]:
@@ -664,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helps[name])
         p.add_argument("--tracking-uri", help=store)
         p.add_argument("--runs", metavar="FILE.npz", help="read the runs from a runs file (`export`) instead of a store, "
-                       "e.g. a committed campaign's reports/detector/*/runs.npz")
+                       "e.g. a committed campaign's reports/detector/*/runs.npz, or several comma-separated (their "
+                       "runs pooled, each run once)")
         p.add_argument("--summary", metavar="JSON", help="evaluate: print the detector section of a reference "
                        "summary (reports/reference.json) instead of reading a store") if name == "evaluate" else None
         p.add_argument("--params", metavar="FILE", help=f"the detector (default: {DEFAULT_PARAMS.name}, the committed one)"
@@ -710,8 +714,14 @@ def _source(args: argparse.Namespace) -> tuple[list[RunData], str]:
     if getattr(args, "runs", None):
         if args.tracking_uri:
             raise ConfigError([f"--runs {args.runs} and --tracking-uri both given; allowed: one source of runs"])
-        runs, prov = read_runs(args.runs)
-        return runs, f"{args.runs} (exported from {prov.get('store', '?')} at {prov.get('commit', '?')})"
+        runs, seen, where = [], set(), []
+        for path in [f.strip() for f in args.runs.split(",") if f.strip()]:
+            part, prov = read_runs(path)
+            # a run in two files (a file exported twice, a store exported after more runs) counts once
+            runs += [r for r in part if r.run_id not in seen]
+            seen |= {r.run_id for r in part}
+            where.append(f"{path} (exported from {prov.get('store', '?')} at {prov.get('commit', '?')})")
+        return runs, " + ".join(where)
     uri = tracking.resolve_uri(args.tracking_uri)
     return load_runs(uri), tracking.redact(uri)
 
@@ -787,8 +797,15 @@ def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any
                "sets": {n: {"families": r["families"], **({"error": r["error"]} if "error" in r else {
                    "cv": r["cv"], "lead": r["params"].provenance["lead"], "patience": r["params"].patience,
                    "threshold": r["params"].threshold, "features": r["params"].features,
-                   "evaluation": to_summary(r["evaluation"])})} for n, r in results.items()}}
+                   "evaluation": to_summary(r["evaluation"]) if r["evaluation"] else None})} for n, r in results.items()}}
     (out / "families.json").write_text(json.dumps(summary, indent=1, default=float, sort_keys=True) + "\n")
+    if fitted[chosen]["evaluation"] is None:  # every run a fit run: the choice and the detectors, nothing to score
+        _save_families(args, fitted, chosen, chosen_no_audit)
+        print_families(results, chosen)
+        print(f"chosen on the fit runs: {chosen}" + (f"; without audit RMs: {chosen_no_audit}" if chosen_no_audit else ""))
+        print(f"every run here is a fit run ({prov['fit_runs']}): none to score the detectors on. Score them on runs "
+              "they were not fit on with `python -m analysis.detector evaluate --params FILE --runs FILE.npz`")
+        return 0
     draw_families(fitted, out)
     ev = fitted[chosen]["evaluation"]  # the chosen detector's evaluation, as `evaluate --out` writes it, with the ablation
     params = fitted[chosen]["params"]
@@ -799,14 +816,19 @@ def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any
     ev["store"] = store_record(prov["store"], scored)
     (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
     draw(ev, out)
-    for path, name in ((args.save, chosen), (args.save_no_audit, chosen_no_audit)):
-        if path and name:
-            _write_params(fitted[name]["params"], Path(path))
-            print(f"written {name!r} to {path}")
+    _save_families(args, fitted, chosen, chosen_no_audit)
     print_families(results, chosen)
     print(f"chosen on the fit runs: {chosen}" + (f"; without audit RMs: {chosen_no_audit}" if chosen_no_audit else ""))
     print(summary_line(fitted[chosen]["evaluation"]))
     return 0
+
+
+def _save_families(args: argparse.Namespace, fitted: dict[str, dict[str, Any]], chosen: str,
+                   chosen_no_audit: str | None) -> None:
+    for path, name in ((args.save, chosen), (args.save_no_audit, chosen_no_audit)):
+        if path and name:
+            _write_params(fitted[name]["params"], Path(path))
+            print(f"written {name!r} to {path}")
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -859,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
                 "fit_runs": len(fit_runs), "fit_fell": sum(r.fell for r in fit_runs),
                 "run_commits": sorted({r.commit for r in fit_runs})}
         held_out = any(r.group != "fit" for r in runs)
-        if args.cmd != "fit" and not held_out:
+        if args.cmd == "evaluate" and not held_out:
             raise ConfigError([f"{args.cmd}: every run here is a fit run ({len(runs)} runs of {_split_text(split)}); "
                                "allowed: runs with held-out ones (another world, figure file or seed than "
                                "--fit-world, --fit-files, --fit-seeds)"])

@@ -183,10 +183,15 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     from_file = json.loads((tmp_path / "out" / "evaluation.json").read_text())
     assert from_file["groups"] == from_store["groups"] and from_file["baselines"] == from_store["baselines"]
     assert from_file["store"]["uri"].startswith(f"{runs_file} (exported from {uri}")
+    # several runs files pool their runs, each run once: the file twice scores as the file once
+    assert D.main(["evaluate", "--runs", f"{runs_file},{runs_file}", *argv[2:], "--params", str(save)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == last
+    assert json.loads((tmp_path / "out" / "evaluation.json").read_text())["store"]["runs"] == 48
     # bad input: said with the flag, the value and what is allowed
     junk = tmp_path / "junk.npz"
     np.savez(junk, x=np.zeros(2))
     for extra, expected in ((["--runs", str(tmp_path / "none.npz")], "no such file"),
+                            (["--runs", f"{runs_file},{tmp_path / 'none.npz'}"], "no such file"),
                             (["--runs", str(junk)], "is not a runs file"),
                             (["--runs", str(runs_file), "--tracking-uri", uri], "both given")):
         assert D.main(["evaluate", *extra, "--params", str(save)]) == 2
@@ -199,15 +204,26 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert D.main(["families", *file_argv[:2], "--fit-files", "fitfile,nope"]) == 2  # before any fit
     assert "--fit-files: got nope, which no run here is of; allowed: figure files of these runs: fitfile, otherfile" in (
         capsys.readouterr().err)
-    # every run a fit run: fit writes the detector and says there is nothing to score it on; families, whose
-    # point is the held-out score, refuses before it fits anything
+    # every run a fit run: fit writes the detector and says there is nothing to score it on; families chooses
+    # the family set on the fit runs alone (cross-validated) and writes its detectors, for runs still to come;
+    # evaluate, whose point is the held-out score, refuses before it scores anything
     everything = ["--runs", str(runs_file), "--fit-world", "w0,w1", "--fit-files", "fitfile,otherfile",
                   "--fit-seeds", "0-5", "--out", str(tmp_path / "all")]
-    assert D.main(["families", *everything]) == 2
+    assert D.main(["evaluate", *everything, "--params", str(save)]) == 2
     assert "every run here is a fit run (48 runs of world w0,w1" in capsys.readouterr().err
     assert D.main(["fit", *everything, "--save", str(tmp_path / "all.json")]) == 0
     assert "none to score it on" in capsys.readouterr().out
     assert load_params(tmp_path / "all.json").provenance["fit_runs"] == 48
+    assert D.main(["families", *everything, "--save", str(tmp_path / "fam.json"),
+                   "--save-no-audit", str(tmp_path / "fam_no_audit.json")]) == 0
+    out = capsys.readouterr().out
+    assert "none to score the detectors on" in out and "held-out:" not in out
+    fam = json.loads((tmp_path / "all" / "families.json").read_text())
+    chosen = fam["chosen"]
+    assert f"chosen on the fit runs: {chosen}" in out and fam["sets"][chosen]["evaluation"] is None
+    assert not (tmp_path / "all" / "evaluation.json").exists()
+    saved = load_params(tmp_path / "fam.json")
+    assert saved.provenance["fit_runs"] == 48 and saved.features == fam["sets"][chosen]["features"]
 
 
 def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has_a_critic():
