@@ -799,36 +799,28 @@ def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any
                    "threshold": r["params"].threshold, "features": r["params"].features,
                    "evaluation": to_summary(r["evaluation"]) if r["evaluation"] else None})} for n, r in results.items()}}
     (out / "families.json").write_text(json.dumps(summary, indent=1, default=float, sort_keys=True) + "\n")
-    if fitted[chosen]["evaluation"] is None:  # every run a fit run: the choice and the detectors, nothing to score
-        _save_families(args, fitted, chosen, chosen_no_audit)
-        print_families(results, chosen)
-        print(f"chosen on the fit runs: {chosen}" + (f"; without audit RMs: {chosen_no_audit}" if chosen_no_audit else ""))
-        print(f"every run here is a fit run ({prov['fit_runs']}): none to score the detectors on. Score them on runs "
-              "they were not fit on with `python -m analysis.detector evaluate --params FILE --runs FILE.npz`")
-        return 0
-    draw_families(fitted, out)
-    ev = fitted[chosen]["evaluation"]  # the chosen detector's evaluation, as `evaluate --out` writes it, with the ablation
-    params = fitted[chosen]["params"]
-    ev["detector"] = {"file": str(args.save or chosen), "threshold": params.threshold, "patience": params.patience,
-                      "provenance": params.provenance, "families": fitted[chosen]["families"]}
-    ev["families"] = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "rows": family_rows(results, chosen)}
-    scored = [r for r in runs if has_features(r, tuple(params.features))]  # the runs the chosen detector was scored on
-    ev["store"] = store_record(prov["store"], scored)
-    (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
-    draw(ev, out)
-    _save_families(args, fitted, chosen, chosen_no_audit)
-    print_families(results, chosen)
-    print(f"chosen on the fit runs: {chosen}" + (f"; without audit RMs: {chosen_no_audit}" if chosen_no_audit else ""))
-    print(summary_line(fitted[chosen]["evaluation"]))
-    return 0
-
-
-def _save_families(args: argparse.Namespace, fitted: dict[str, dict[str, Any]], chosen: str,
-                   chosen_no_audit: str | None) -> None:
+    scored_ev = fitted[chosen]["evaluation"]  # None: every run a fit run, the choice and the detectors only
+    if scored_ev is not None:
+        draw_families(fitted, out)
+        ev = scored_ev  # the chosen detector's evaluation, as `evaluate --out` writes it, with the ablation
+        params = fitted[chosen]["params"]
+        ev["detector"] = {"file": str(args.save or chosen), "threshold": params.threshold, "patience": params.patience,
+                          "provenance": params.provenance, "families": fitted[chosen]["families"]}
+        ev["families"] = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "rows": family_rows(results, chosen)}
+        scored = [r for r in runs if has_features(r, tuple(params.features))]  # the runs the chosen detector was scored on
+        ev["store"] = store_record(prov["store"], scored)
+        (out / "evaluation.json").write_text(json.dumps(to_summary(ev), indent=1, default=float, sort_keys=True) + "\n")
+        draw(ev, out)
     for path, name in ((args.save, chosen), (args.save_no_audit, chosen_no_audit)):
         if path and name:
             _write_params(fitted[name]["params"], Path(path))
             print(f"written {name!r} to {path}")
+    print_families(results, chosen)
+    print(f"chosen on the fit runs: {chosen}" + (f"; without audit RMs: {chosen_no_audit}" if chosen_no_audit else ""))
+    print(summary_line(scored_ev) if scored_ev is not None else
+          f"every run here is a fit run ({prov['fit_runs']}): none to score the detectors on. Score them on runs they "
+          "were not fit on with `python -m analysis.detector evaluate --params FILE --runs FILE.npz`")
+    return 0
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
