@@ -208,20 +208,44 @@ holds out too many of a kind for the rest to fit on): StratifiedGroupKFold, a co
 fold, each fold with runs whose gold fell and runs whose gold held where there are."""
 
 
-def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]]]:
-    """How the fit runs are split for `select`, and the (train, test) index lists: leave one figure file
-    out when there are several and every fold keeps MIN_EACH runs of each kind to fit on, else CV_FOLDS
-    folds by configuration, stratified by the gold truth. (Leaving out the one file whose gold held would
-    leave a fold nothing to choose a threshold on: `select` would skip it, and its pooled false alarms
-    would rest on the few held runs of the others.)"""
+CV_CHOICES = ("auto", "world", "file", "config")
+"""How `select` cross-validates (--cv): auto (leave one world out over WORLD_CV_MIN worlds or more, else one
+figure file out, else folds by configuration: the first whose every fold keeps MIN_EACH runs of each kind
+to fit on), or one of those asked for by name."""
+WORLD_CV_MIN = 3
+"""Worlds from which auto leaves one world out: a held-out world is what a detector meets next (campaigns
+2 and 3: a lead cross-validated by figure file over worlds the folds shared, 18 steps, was 5 on a new
+world; bench/RESULTS.md Session 25), and with three or more each fold still fits on two worlds."""
+
+
+def cv_folds(runs: list[RunData], cv: str = "auto") -> tuple[str, list[tuple[list[int], list[int]]]]:
+    """How the fit runs are split for `select`, and the (train, test) index lists (`cv`: CV_CHOICES): leave
+    one world out (auto: over WORLD_CV_MIN worlds or more), else leave one figure file out when there are
+    several, else CV_FOLDS folds by configuration, stratified by the gold truth; auto takes the first whose
+    every fold keeps MIN_EACH runs of each kind to fit on, a named one that does not is an error. (Leaving
+    out the one file whose gold held would leave a fold nothing to choose a threshold on: `select` would
+    skip it, and its pooled false alarms would rest on the few held runs of the others.)"""
     from sklearn.model_selection import LeaveOneGroupOut, StratifiedGroupKFold
 
-    files = [r.ablation for r in runs]
-    if len(set(files)) > 1:
-        folds = list(LeaveOneGroupOut().split(runs, groups=files))
-        if all(min(sum(runs[i].fell for i in train), sum(not runs[i].fell for i in train)) >= MIN_EACH
-               for train, _ in folds):
-            return "leave one figure file out", [(list(a), list(b)) for a, b in folds]
+    if cv not in CV_CHOICES:
+        raise ConfigError([f"--cv: got {cv!r}; allowed: {', '.join(CV_CHOICES)}"])
+
+    def fits(folds: list) -> bool:
+        return all(min(sum(runs[i].fell for i in train), sum(not runs[i].fell for i in train)) >= MIN_EACH
+                   for train, _ in folds)
+
+    for kind, attr, how, least in (("world", "world", "leave one world out", WORLD_CV_MIN),
+                                   ("figure file", "ablation", "leave one figure file out", 2)):
+        if cv not in ("auto", kind.split()[-1]):
+            continue
+        groups = [getattr(r, attr) for r in runs]
+        folds = list(LeaveOneGroupOut().split(runs, groups=groups)) if len(set(groups)) > 1 else []
+        if folds and len(set(groups)) >= (least if cv == "auto" else 2) and fits(folds):
+            return how, [(list(a), list(b)) for a, b in folds]
+        if cv == kind.split()[-1]:
+            raise ConfigError([f"--cv {cv}: the fit runs span {len(set(groups))} {kind}(s); allowed: at least 2, each "
+                               f"left out leaving {MIN_EACH} runs whose gold fell and {MIN_EACH} whose gold held to fit "
+                               f"on (or --cv {', '.join(c for c in CV_CHOICES if c != cv)})"])
     configs = [r.config_hash or r.run_id for r in runs]
     # one design-study trial is one configuration on each of its worlds (a config hash per world): one group,
     # named by its smallest hash (a trial on one world keeps its own hash, as before)
@@ -236,14 +260,14 @@ def cv_folds(runs: list[RunData]) -> tuple[str, list[tuple[list[int], list[int]]
 
 
 def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], patiences: tuple[int, ...],
-           window: int, baseline_steps: int, names: tuple[str, ...] = tuple(BASE_FEATURES),
+           window: int, baseline_steps: int, names: tuple[str, ...] = tuple(BASE_FEATURES), cv: str = "auto",
            ) -> tuple[int, int, list[dict[str, Any]]]:
-    """(lead, patience) by cross-validation over the fit runs (`cv_folds`: leave one figure file out, or
-    folds by configuration for one file; fit and choose the threshold on the rest, warn on the fold): the
+    """(lead, patience) by cross-validation over the fit runs (`cv_folds`: leave one world, or one figure file,
+    out, or folds by configuration; fit and choose the threshold on the rest, warn on the fold): the
     longest median lead among the settings whose pooled out-of-fold false alarms are within fa_target and
     recall at least 0.9, else the best recall minus false alarms (ties: the longer lead). Only fit runs are
     used: the held-out runs stay unseen."""
-    how, folds = cv_folds(runs)
+    how, folds = cv_folds(runs, cv)
     table = []
     for lead in leads:
         for patience in patiences:
@@ -268,9 +292,10 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
 
 def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, ...] = LEADS,
         patiences: tuple[int, ...] = PATIENCES, window: int = 10, baseline_steps: int = 5,
-        provenance: dict[str, Any] | None = None, names: tuple[str, ...] = tuple(BASE_FEATURES)) -> DetectorParams:
+        provenance: dict[str, Any] | None = None, names: tuple[str, ...] = tuple(BASE_FEATURES),
+        cv: str = "auto") -> DetectorParams:
     """The logistic detector fit on `runs`: its label lead and patience chosen by `select` (cross-validation
-    over the runs' figure files, or by configuration), then the model on every run, its threshold the lowest with at most
+    over the runs' worlds, figure files or configurations: `cv_folds`), then the model on every run, its threshold the lowest with at most
     `fa_target` false alarms over them."""
     fell = sum(r.fell for r in runs)
     if len(runs) < MIN_FIT_RUNS or fell < MIN_EACH or len(runs) - fell < MIN_EACH:
@@ -278,7 +303,7 @@ def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, 
                            f"allowed: at least {MIN_FIT_RUNS} runs with at least {MIN_EACH} of each kind (a detector fit "
                            "on fewer says nothing that carries to other runs)"])
     lead, patience, table = select(runs, fa_target=fa_target, leads=leads, patiences=patiences, window=window,
-                                   baseline_steps=baseline_steps, names=names)
+                                   baseline_steps=baseline_steps, names=names, cv=cv)
     model = _train(runs, lead, window, baseline_steps, names)
     mean, scale, coef, b, _ = model
     params = DetectorParams(features=list(names), mean=mean.tolist(), scale=scale.tolist(), coef=coef.tolist(),
@@ -487,7 +512,7 @@ def choose_family(results: dict[str, dict[str, Any]], fa_target: float) -> str:
 
 
 def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, provenance: dict[str, Any] | None = None,
-                    sets: dict[str, tuple[str, ...]] | None = None) -> dict[str, dict[str, Any]]:
+                    sets: dict[str, tuple[str, ...]] | None = None, cv: str = "auto") -> dict[str, dict[str, Any]]:
     """Per family set: the detector fit on the fit runs that log its signals (lead and patience by
     cross-validation, as `fit`), its cross-validated row, and its evaluation on the held-out runs that
     log them: every set is scored on the same held-out runs where all of them can be (None where every
@@ -498,7 +523,7 @@ def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, proven
         usable = [r for r in runs if has_features(r, names)]
         fit_runs = [r for r in usable if r.group == "fit"]
         try:
-            params = fit(fit_runs, fa_target=fa_target, provenance=provenance, names=names)
+            params = fit(fit_runs, fa_target=fa_target, provenance=provenance, names=names, cv=cv)
         except ConfigError as e:
             out[name] = {"families": list(fams), "error": "; ".join(e.problems)}
             continue
@@ -684,6 +709,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--fa-target", type=float, default=FA_TARGET, help=f"false alarms allowed on the fit runs when "
                        f"a threshold is chosen (default {FA_TARGET})")
         p.add_argument("--out", metavar="DIR", default=str(RESULTS), help=f"figures and JSON (default {RESULTS})")
+        if name in ("fit", "families"):
+            p.add_argument("--cv", choices=CV_CHOICES, default="auto", help="how lead and patience are "
+                           f"cross-validated over the fit runs: leave one world out (auto: with {WORLD_CV_MIN} worlds or "
+                           "more), one figure file out, or folds by configuration (auto: the first that leaves enough of "
+                           "each kind to fit on; default auto)")
         if name == "fit":
             p.add_argument("--families", default="base", metavar="LIST", help="signal families whose features the "
                            f"detector reads, of {', '.join(FAMILIES)} (default base: today's features; harness.detector)")
@@ -784,7 +814,7 @@ def _write_params(params: DetectorParams, path: Path) -> None:
 
 def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any]) -> int:
     results = ablate_families(runs, fa_target=args.fa_target, provenance=prov,
-                              sets=FAMILY_SETS | TREND_SETS if args.trend else None)
+                              sets=FAMILY_SETS | TREND_SETS if args.trend else None, cv=args.cv)
     fitted = {n: r for n, r in results.items() if "error" not in r}
     if not fitted:
         raise ConfigError(list(dict.fromkeys(r["error"] for r in results.values())))  # each problem once
@@ -883,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
             names = tuple(family_features(families))
             fit_runs = [r for r in fit_runs if has_features(r, names)]
             params = fit(fit_runs, fa_target=args.fa_target, provenance=prov, leads=leads, patiences=patiences,
-                         names=names)
+                         names=names, cv=args.cv)
             save = Path(args.save or Path(args.out) / "detector_params.json")
             _write_params(params, save)
             print(f"fit on {len(fit_runs)} runs ({sum(r.fell for r in fit_runs)} whose gold fell), features of "

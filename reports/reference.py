@@ -212,6 +212,10 @@ LATER_DETECTORS = {
     "detector_campaign2": ("campaign2", Path("detector") / "campaign2"),
     "detector_campaign2_refit": ("campaign2 refit", Path("detector") / "campaign2" / "refit"),
     "detector_campaign2_no_audit": ("campaign2 no audit", Path("detector") / "campaign2" / "no_audit"),
+    "detector_campaign3": ("campaign3", Path("detector") / "campaign3"),
+    "detector_campaign3_no_audit": ("campaign3 no audit", Path("detector") / "campaign3" / "no_audit"),
+    "detector_campaign3_declared": ("campaign3 declared", Path("detector") / "campaign3" / "fit"),
+    "detector_campaign3_families": ("campaign3 families", Path("detector") / "campaign3" / "families"),
 }
 """Summary key -> (kind, folder under reports/) of the committed evaluations beside today's detector's
 (detector/evaluation.json), each rendered where its folder's evaluation.json exists: the detector of runs
@@ -219,7 +223,10 @@ with audit reward models and its families' ablation (`python -m analysis.detecto
 reports/detector/audit`); the committed detectors scored on a later campaign's runs (detector/campaign/, its
 runs file `runs.npz` beside it, so any detector refits without the store), a detector refit on that
 campaign's runs (campaign/refit/), and both, with the detector of runs without audit RMs, scored on a second
-campaign on a world none was fit on (campaign2/, campaign2/refit/, campaign2/no_audit/)."""
+campaign on a world none was fit on (campaign2/, campaign2/refit/, campaign2/no_audit/); the two committed ones
+and a detector declared before it was scored (fit on every run of the first two campaigns) on a third campaign,
+another world (campaign3/, campaign3/no_audit/, campaign3/fit/), and that detector's signal families ablated on
+it (campaign3/families/: the families table only, its chosen detector being the declared one)."""
 
 
 def later_detectors(out: Path) -> dict[str, dict]:
@@ -244,6 +251,8 @@ def detector_text(ev: dict | None, kind: str = "base", where: Path = Path("detec
     """kind: base (today's detector, detector/) or a kind of LATER_DETECTORS, `where` its folder."""
     if not ev:
         return []
+    if kind == "campaign3 families":  # the declared detector fit again per family set: its rows are the declared one's
+        return families_text(ev.get("families"), f"reports/{where.as_posix()}/")
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
     world = _fit_worlds(prov, ", ")
@@ -281,6 +290,18 @@ def detector_text(ev: dict | None, kind: str = "base", where: Path = Path("detec
             "campaign2 no audit": ["The detector of runs without audit reward models (`harness/detector_params_no_audit.json`"
                                    f", what such a run warns with), on the same {n} runs: `{ev['line']}` (`{evaluate} "
                                    "reports/detector/campaign2/runs.npz --params harness/detector_params_no_audit.json "
+                                   f"--out {folder}`)."],
+            "campaign3": ["### The early warning on a third campaign, scored by a rule declared before it", "",
+                          f"The committed detector with audit reward models on {n} runs of another world no detector was "
+                          f"fit on ({', '.join(w[:8] for w in seen.get('world.hash', []))}): `{ev['line']}` (`{evaluate} "
+                          f"{folder}runs.npz --params harness/detector_params.json --out {folder}`)."],
+            "campaign3 no audit": ["The committed detector of runs without audit reward models, on the same "
+                                   f"{n} runs: `{ev['line']}` (`{evaluate} reports/detector/campaign3/runs.npz --params "
+                                   f"harness/detector_params_no_audit.json --out {folder}`)."],
+            "campaign3 declared": ["A detector fit on every run of the first two campaigns, its signal families chosen "
+                                   "on them by cross-validation, and committed with the rule for adopting it (bench/RESULTS.md, "
+                                   f"Session 24) before this campaign was scored, on the same {n} runs: `{ev['line']}` "
+                                   f"(`{evaluate} reports/detector/campaign3/runs.npz --params {folder}detector_params.json "
                                    f"--out {folder}`)."]}[kind]
     head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
                  f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "

@@ -256,7 +256,7 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
 
     def runs(files: list[str], configs: int, worlds: int = 2, fell=lambda f, c: c % 2 == 0) -> list:
         # a figure file's runs: no trial, one configuration on each world
-        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None,
+        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None, world=f"w{w}",
                                 fell=fell(f, c)) for f in files for c in range(configs) for w in range(worlds)]
 
     two = runs(["a", "b"], 12)
@@ -280,11 +280,44 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
         assert min(sum(held_in_b[i].fell for i in train), sum(not held_in_b[i].fell for i in train)) >= MIN_EACH
         assert not {held_in_b[i].config_hash for i in train} & {held_in_b[i].config_hash for i in test}
     # a design study's trial on two worlds: two config hashes (the world is in the config), one configuration
-    study = [SimpleNamespace(ablation="study", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}", trial=c, fell=c % 3 == 0)
-             for c in range(12) for w in range(2)]
+    study = [SimpleNamespace(ablation="study", config_hash=f"h{c}-w{w}", run_id=f"c{c}-w{w}", trial=c, fell=c % 3 == 0,
+                             world=f"w{w}") for c in range(12) for w in range(2)]
     _, folds = cv_folds(study)
     for train, test in folds:
         assert not {study[i].trial for i in train} & {study[i].trial for i in test}
+
+
+def test_cross_validation_leaves_a_world_out_from_three_worlds_or_when_asked():
+    """auto leaves one world out over three worlds or more (what a detector meets next is a new world), a
+    figure file out over two; --cv names one, and one the runs cannot give is an error naming it."""
+    from types import SimpleNamespace
+
+    from analysis.detector import MIN_EACH, WORLD_CV_MIN, cv_folds
+    from harness.schema import ConfigError
+
+    def runs(worlds: int, files=("a", "b"), configs: int = 6) -> list:
+        return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None, world=f"w{w}",
+                                fell=c % 2 == 0) for f in files for c in range(configs) for w in range(worlds)]
+
+    three = runs(WORLD_CV_MIN)
+    how, folds = cv_folds(three)
+    assert how == "leave one world out" and len(folds) == WORLD_CV_MIN
+    assert [{three[i].world for i in test} for _, test in folds] == [{"w0"}, {"w1"}, {"w2"}]
+    for train, test in folds:  # no world both trains and tests a fold; each fold fits on both kinds
+        assert not {three[i].world for i in train} & {three[i].world for i in test}
+        assert min(sum(three[i].fell for i in train), sum(not three[i].fell for i in train)) >= MIN_EACH
+    assert cv_folds(three, "file")[0] == "leave one figure file out"
+    two = runs(2)
+    assert cv_folds(two)[0] == "leave one figure file out"  # two worlds: a fold would fit on one alone
+    assert cv_folds(two, "world")[0] == "leave one world out" and len(cv_folds(two, "world")[1]) == 2
+    with pytest.raises(ConfigError, match=r"--cv world: the fit runs span 1 world\(s\)"):
+        cv_folds(runs(1), "world")
+    with pytest.raises(ConfigError, match=r"--cv file: the fit runs span 1 figure file\(s\)"):
+        cv_folds(runs(3, files=("a",)), "file")
+    # every run whose gold held on one world: leaving it out leaves nothing to set a threshold on, so auto goes
+    # on to the figure files
+    lopsided = [r for r in runs(3, configs=10) if r.world == "w0" or r.fell]
+    assert cv_folds(lopsided)[0] == "leave one figure file out"
 
 
 def test_a_split_by_trials_holds_a_design_studys_other_configurations_out():
@@ -362,13 +395,16 @@ FROM_RUNS_FILES = [e for e in COMMITTED_EVALUATIONS
 
 @pytest.mark.parametrize("summary", FROM_RUNS_FILES)
 def test_committed_runs_files_give_their_committed_evaluations_again(summary, tmp_path, capsys, monkeypatch):
-    """Every committed evaluation scored from a committed runs file (a campaign's `runs.npz`) comes out the
-    same when its detector is scored on that file again: the line, every group and baseline."""
+    """Every committed evaluation scored from committed runs files (a campaign's `runs.npz`, or several pooled:
+    `--runs A,B`) comes out the same when its detector is scored on those files again: the line, every group
+    and baseline."""
     from analysis.detector import main
 
-    monkeypatch.chdir(ROOT)  # the evaluation names its runs file and detector as the README's command does
+    monkeypatch.chdir(ROOT)  # the evaluation names its runs files and detector as the README's command does
     ev = json.loads((ROOT / summary).read_text())
-    runs, params = ev["store"]["uri"].split(" (exported from")[0], ev["detector"]["file"]
+    # the store as `--runs A,B` records it: "A (exported from ... at C) + B (exported from ...)"
+    runs = ",".join(part.split(" (exported from")[0] for part in ev["store"]["uri"].split(" + "))
+    params = ev["detector"]["file"]
     assert main(["evaluate", "--runs", runs, "--params", params, "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.rstrip().splitlines()[-1] == ev["line"]
     again = json.loads((tmp_path / "evaluation.json").read_text())
