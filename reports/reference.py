@@ -67,7 +67,7 @@ def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[s
     alone, from the store they were run into) put in, the others kept: provenance values joined, `merged`
     naming the commit each came from, the orders made again."""
     res = {**old, "figures": {**old["figures"], **{k: v for k, v in new["figures"].items() if k in names}}}
-    for k in ("detector", "detector_audit"):
+    for k in ("detector", "detector_audit", *LATER_DETECTORS, *CAMPAIGNS):
         if new.get(k):
             res[k] = new[k]
     if new.get("tricks"):  # the studies of the folder the build wrote into, beside those the summary held
@@ -235,6 +235,58 @@ def later_detectors(out: Path) -> dict[str, dict]:
     return {key: ev for key, ev in found.items() if ev is not None}
 
 
+CAMPAIGNS = {"detector_campaign4": Path("detector") / "campaign4"}
+"""Summary key -> folder under reports/ of a campaign scored as one table: its runs file (`runs.npz`) and,
+in a folder each, every detector's evaluation on those runs (`python -m analysis.detector evaluate --runs
+FOLDER/runs.npz --params FILE --out FOLDER/NAME`), the detectors declared for it beside their files."""
+
+
+def campaign_evaluations(out: Path) -> dict[str, dict[str, dict]]:
+    """Summary key -> {detector folder name: evaluation} of each CAMPAIGNS folder under `out` with any."""
+    found = {key: {p.parent.name: detector.load_summary(p) for p in sorted((out / folder).glob("*/evaluation.json"))}
+             for key, folder in CAMPAIGNS.items()}
+    return {key: evs for key, evs in found.items() if evs}
+
+
+def _nums(s: dict | None) -> str:
+    """'recall / false alarms / median lead' of a group, without intervals (the narrower columns)."""
+    if not s:
+        return "–"
+    return f"{fmt(s['recall'], 2)} / {fmt(s['fa_rate'], 2)} / {detector.fmt_steps(s['lead_median'])}"
+
+
+def campaign_text(evs: dict[str, dict] | None, where: Path) -> list[str]:
+    """One campaign's detectors on the same held-out runs: a row each (held out with intervals, with a critic,
+    critic-free, the KL-threshold baseline fit on that detector's fit runs), then each one's line and command."""
+    if not evs:
+        return []
+    folder = f"reports/{where.as_posix()}/"
+    first = next(iter(evs.values()))
+    n, seen = first.get("store", {}).get("runs", "?"), first.get("store", {}).get("provenance", {})
+    lines = [f"### The early warning on campaign `{where.name}`: every detector on the same held-out runs", "",
+             f"{n} runs of world {', '.join(w[:8] for w in seen.get('world.hash', []))}, which no detector here was fit "
+             f"on; the detectors of its folders `*/` beside their files were committed before its runs were scored "
+             f"(bench/RESULTS.md). Recall, false alarms and median lead (steps; 95% CIs), then without intervals.", "",
+             _row(["detector", "fit on", "runs", "recall", "false alarms", "median lead", "with a critic",
+                   "critic-free", "KL threshold fit on the same runs"]), _row(["---"] * 9)]
+    for name, ev in evs.items():
+        det, g = ev.get("detector", {}), ev["groups"]
+        prov = det.get("provenance", {})
+        folds = (prov.get("selection") or [{}])[0].get("folds", "?")
+        s = g["held-out (all)"]
+        kl = ev.get("baselines", {}).get("KL above a threshold", {})
+        lines.append(_row([f"`{name}/` ({det.get('file', '?')})", f"{prov.get('fit_runs', '?')} runs, world "
+                           f"{_fit_worlds(prov, ', ')}; {folds}", f"{s['runs']} ({s['fell']} fell)",
+                           detector.iv(s["recall"], s["recall_ci"]), detector.iv(s["fa_rate"], s["fa_ci"]),
+                           detector.iv(s["lead_median"], s["lead_ci"], detector.fmt_steps),
+                           _nums(g.get("held-out, with a critic")), _nums(g.get("held-out, critic-free")),
+                           (f"{kl['threshold']:g} nats: " if kl.get("threshold") is not None else "")
+                           + _nums(kl.get("held-out (all)"))]))
+    lines += [""] + [f"- `{name}/`: `{ev['line']}` (`python -m analysis.detector evaluate --runs {folder}runs.npz "
+                     f"--params {ev.get('detector', {}).get('file', '?')} --out {folder}{name}/`)" for name, ev in evs.items()]
+    return lines + [""]
+
+
 def _fit_worlds(prov: dict, sep: str) -> str:
     """The fit world(s) of a detector's provenance, 8 characters each (what the tables print)."""
     world = prov.get("split", {}).get("world", "?")
@@ -347,6 +399,8 @@ def readme(summary: dict) -> str:
     lines += detector_text(summary.get("detector"))
     for key, (kind, where) in LATER_DETECTORS.items():
         lines += detector_text(summary.get(key), kind, where)
+    for key, where in CAMPAIGNS.items():
+        lines += campaign_text(summary.get(key), where)
     lines += ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
@@ -380,7 +434,7 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
-    summary |= later_detectors(out)
+    summary |= later_detectors(out) | campaign_evaluations(out)
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
     write_summary(summary, out)
@@ -423,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        summary |= later_detectors(out)
+        summary |= later_detectors(out) | campaign_evaluations(out)
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
     if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds
         summary["tricks"] = {**(summary.get("tricks") or {}), **found}
