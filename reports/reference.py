@@ -242,8 +242,16 @@ FOLDER/runs.npz --params FILE --out FOLDER/NAME`), the detectors declared for it
 
 
 def campaign_evaluations(out: Path) -> dict[str, dict[str, dict]]:
-    """Summary key -> {detector folder name: evaluation} of each CAMPAIGNS folder under `out` with any."""
-    found = {key: {p.parent.name: detector.load_summary(p) for p in sorted((out / folder).glob("*/evaluation.json"))}
+    """Summary key -> {detector folder name: evaluation} of each CAMPAIGNS folder under `out` with any, each
+    evaluation kept to what `campaign_text` prints (its folder's evaluation.json has the curve and the rest)."""
+    def kept(ev: dict) -> dict:
+        det, prov = ev.get("detector", {}), ev.get("detector", {}).get("provenance", {})
+        return {"line": ev["line"], "groups": ev["groups"], "baselines": ev.get("baselines", {}),
+                "store": {k: ev.get("store", {}).get(k) for k in ("runs", "provenance")},
+                "detector": {"file": det.get("file"), "threshold": det.get("threshold"), "provenance": {
+                    "fit_runs": prov.get("fit_runs"), "split": prov.get("split", {}),
+                    "selection": (prov.get("selection") or [{}])[:1]}}}
+    found = {key: {p.parent.name: kept(detector.load_summary(p)) for p in sorted((out / folder).glob("*/evaluation.json"))}
              for key, folder in CAMPAIGNS.items()}
     return {key: evs for key, evs in found.items() if evs}
 
@@ -263,7 +271,8 @@ def campaign_text(evs: dict[str, dict] | None, where: Path) -> list[str]:
     folder = f"reports/{where.as_posix()}/"
     first = next(iter(evs.values()))
     n, seen = first.get("store", {}).get("runs", "?"), first.get("store", {}).get("provenance", {})
-    lines = [f"### The early warning on campaign `{where.name}`: every detector on the same held-out runs", "",
+    title = where.name.replace("campaign", "campaign ")
+    lines = [f"### The early warning on {title}: every detector on the same held-out runs", "",
              f"{n} runs of world {', '.join(w[:8] for w in seen.get('world.hash', []))}, which no detector here was fit "
              f"on; the detectors of its folders `*/` beside their files were committed before its runs were scored "
              f"(bench/RESULTS.md). Recall, false alarms and median lead (steps; 95% CIs), then without intervals.", "",

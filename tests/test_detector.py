@@ -287,37 +287,37 @@ def test_cross_validation_leaves_a_file_out_or_keeps_a_configuration_in_one_fold
         assert not {study[i].trial for i in train} & {study[i].trial for i in test}
 
 
-def test_cross_validation_leaves_a_world_out_from_three_worlds_or_when_asked():
-    """auto leaves one world out over three worlds or more (what a detector meets next is a new world), a
-    figure file out over two; --cv names one, and one the runs cannot give is an error naming it."""
+def test_cross_validation_leaves_a_world_out_when_asked():
+    """--cv world leaves one world out; auto (the default) leaves a figure file out whatever the worlds; a named
+    split the runs cannot give is an error naming it."""
     from types import SimpleNamespace
 
-    from analysis.detector import MIN_EACH, WORLD_CV_MIN, cv_folds
+    from analysis.detector import MIN_EACH, cv_folds
     from harness.schema import ConfigError
 
     def runs(worlds: int, files=("a", "b"), configs: int = 6) -> list:
         return [SimpleNamespace(ablation=f, config_hash=f"{f}-c{c}", run_id=f"{f}-c{c}-w{w}", trial=None, world=f"w{w}",
                                 fell=c % 2 == 0) for f in files for c in range(configs) for w in range(worlds)]
 
-    three = runs(WORLD_CV_MIN)
-    how, folds = cv_folds(three)
-    assert how == "leave one world out" and len(folds) == WORLD_CV_MIN
+    three = runs(3)
+    how, folds = cv_folds(three, "world")
+    assert how == "leave one world out" and len(folds) == 3
     assert [{three[i].world for i in test} for _, test in folds] == [{"w0"}, {"w1"}, {"w2"}]
     for train, test in folds:  # no world both trains and tests a fold; each fold fits on both kinds
         assert not {three[i].world for i in train} & {three[i].world for i in test}
         assert min(sum(three[i].fell for i in train), sum(not three[i].fell for i in train)) >= MIN_EACH
-    assert cv_folds(three, "file")[0] == "leave one figure file out"
-    two = runs(2)
-    assert cv_folds(two)[0] == "leave one figure file out"  # two worlds: a fold would fit on one alone
-    assert cv_folds(two, "world")[0] == "leave one world out" and len(cv_folds(two, "world")[1]) == 2
+    assert cv_folds(three)[0] == cv_folds(three, "file")[0] == "leave one figure file out"
+    assert cv_folds(three, "config")[0].endswith("folds by configuration")
     with pytest.raises(ConfigError, match=r"--cv world: the fit runs span 1 world\(s\)"):
         cv_folds(runs(1), "world")
     with pytest.raises(ConfigError, match=r"--cv file: the fit runs span 1 figure file\(s\)"):
         cv_folds(runs(3, files=("a",)), "file")
-    # every run whose gold held on one world: leaving it out leaves nothing to set a threshold on, so auto goes
-    # on to the figure files
+    # every run whose gold held on one world: leaving it out leaves nothing to set a threshold on
     lopsided = [r for r in runs(3, configs=10) if r.world == "w0" or r.fell]
-    assert cv_folds(lopsided)[0] == "leave one figure file out"
+    with pytest.raises(ConfigError, match="--cv world"):
+        cv_folds(lopsided, "world")
+    with pytest.raises(ConfigError, match=r"--cv: got 'worlds'; allowed: auto, file, config, world"):
+        cv_folds(three, "worlds")
 
 
 def test_a_split_by_trials_holds_a_design_studys_other_configurations_out():

@@ -344,3 +344,27 @@ def test_similar_claims_are_decided_again_from_the_summarys_per_run_numbers(tmp_
     assert summary["redecided"]["similar"]["figures"] == ["alike"]
     text = readme(summary)
     assert "(90% CI; margin ±0.1)" in text and "The `similar` claims of alike were decided again" in text
+
+
+def test_a_campaigns_detectors_are_one_table_of_every_folder_scored_on_its_runs(tmp_path):
+    """reports.reference's CAMPAIGNS: each detector folder under a campaign's with an evaluation.json is one
+    row (its held-out numbers, fit runs, folds) and its line; a folder without one is no row."""
+    import json
+    import shutil
+
+    from reports import reference
+
+    src = REPO_ROOT / "reports" / "detector" / "campaign4"
+    shutil.copytree(src, tmp_path / "detector" / "campaign4")
+    shutil.rmtree(tmp_path / "detector" / "campaign4" / "audit")
+    evs = reference.campaign_evaluations(tmp_path)["detector_campaign4"]
+    assert sorted(evs) == sorted(p.parent.name for p in src.glob("*/evaluation.json") if p.parent.name != "audit")
+    text = "\n".join(reference.campaign_text(evs, reference.CAMPAIGNS["detector_campaign4"]))
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(evs) and not any("`audit/`" in r for r in rows)
+    for name in evs:
+        full = json.loads((src / name / "evaluation.json").read_text())
+        s = full["groups"]["held-out (all)"]
+        row = next(r for r in rows if r.startswith(f"| `{name}/`"))
+        assert f"{s['runs']} ({s['fell']} fell)" in row and full["detector"]["file"] in row
+        assert f"`{full['line']}`" in text
