@@ -231,6 +231,37 @@ def test_runners_that_open_a_new_study_at_once_queue_its_first_trials_once(tmp_p
         storage.engine.dispose()
 
 
+def test_a_lease_whose_write_lost_the_race_to_create_the_tag_is_refused(mlflow_server):
+    """MLflow sets a tag by a read, then an insert: two runners taking a new grid's lease at once both insert,
+    and the server refuses the later one (PostgreSQL's duplicate key, a 400). That runner is refused, naming
+    the holder, as one that read the other's tag back is; a refusal with no other holder is raised as it is.
+    (The race is made here by writing the other runner's tag, for real, just before ours is refused.)"""
+    from mlflow.exceptions import MlflowException
+
+    from harness.lease import LeaseHeld
+
+    uri, other = mlflow_server.uri, Runner(1, 0.0, "another-machine")
+
+    class Raced(Lease):
+        def _write(self, holder):
+            if holder is not None and not getattr(self, "raced", False):
+                self.raced = True
+                if self.runner is not other:  # the other runner's insert lands first; ours is the duplicate
+                    Lease(uri, "lease_race", "k", other)._write({**vars(other), "beat": time.time(), "every": 10.0})
+                raise MlflowException("duplicate key value violates unique constraint \"experiment_tag_pk\"")
+            super()._write(holder)
+
+    with pytest.raises(LeaseHeld, match="runner pid 1 on another-machine"):
+        with Raced(uri, "lease_race", "k", Runner.this()):
+            pass
+    Lease(uri, "lease_race", "k", other)._write(None)
+    with pytest.raises(MlflowException, match="duplicate key"):  # refused, yet no one holds it: not a LeaseHeld
+        with Raced(uri, "lease_race", "k", other):
+            pass
+    with Lease(uri, "lease_race", "k", Runner.this()) as lease:  # nothing left behind: the grid can be taken
+        assert lease._read()["host"] == Runner.this().host
+
+
 def test_two_grid_runners_on_the_server_store_train_each_run_once(tmp_path, tiny_world, mlflow_server):
     """While a runner of another machine holds the grid (its lease in the store, beating), a runner here is
     refused; once it has let go, two runners started at once train each run once between them."""
