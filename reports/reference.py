@@ -235,7 +235,7 @@ def later_detectors(out: Path) -> dict[str, dict]:
     return {key: ev for key, ev in found.items() if ev is not None}
 
 
-CAMPAIGNS = {"detector_campaign4": Path("detector") / "campaign4"}
+CAMPAIGNS = {"detector_campaign4": Path("detector") / "campaign4", "detector_campaign5": Path("detector") / "campaign5"}
 """Summary key -> folder under reports/ of a campaign scored as one table: its runs file (`runs.npz`) and,
 in a folder each, every detector's evaluation on those runs (`python -m analysis.detector evaluate --runs
 FOLDER/runs.npz --params FILE --out FOLDER/NAME`), the detectors declared for it beside their files."""
