@@ -232,16 +232,16 @@ def cv_folds(runs: list[RunData], cv: str = "auto") -> tuple[str, list[tuple[lis
         return all(min(sum(runs[i].fell for i in train), sum(not runs[i].fell for i in train)) >= MIN_EACH
                    for train, _ in folds)
 
-    for kind, attr, how in (("world", "world", "leave one world out"),
-                            ("figure file", "ablation", "leave one figure file out")):
-        if cv != kind.split()[-1] and not (cv == "auto" and kind == "figure file"):
-            continue
+    leave_out = {"world": ("world", "leave one world out", "world(s)"),
+                 "file": ("ablation", "leave one figure file out", "figure file(s)")}
+    if (name := "file" if cv == "auto" else cv) in leave_out:
+        attr, how, noun = leave_out[name]
         groups = [getattr(r, attr) for r in runs]
         folds = list(LeaveOneGroupOut().split(runs, groups=groups)) if len(set(groups)) > 1 else []
         if folds and fits(folds):
             return how, [(list(a), list(b)) for a, b in folds]
-        if cv == kind.split()[-1]:
-            raise ConfigError([f"--cv {cv}: the fit runs span {len(set(groups))} {kind}(s); allowed: at least 2, each "
+        if cv == name:
+            raise ConfigError([f"--cv {cv}: the fit runs span {len(set(groups))} {noun}; allowed: at least 2, each "
                                f"left out leaving {MIN_EACH} runs whose gold fell and {MIN_EACH} whose gold held to fit "
                                f"on (or --cv {', '.join(c for c in CV_CHOICES if c != cv)})"])
     configs = [r.config_hash or r.run_id for r in runs]

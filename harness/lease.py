@@ -6,7 +6,8 @@ folder, so two grid runners there would each hold their own lock and both train 
 Taking it: no holder, or a holder whose heartbeat is older than STALE_AFTER beats (it died, on any
 machine), or one of this machine that is gone (at once): write ours, wait SETTLE_S, read it back; a
 runner that wrote at the same moment reads the other's and backs off (refused, as a second runner of a
-sqlite grid is), as does one whose write the store refused because the other's created the tag first. The holder beats every BEAT_S in a thread; the tag is removed when the runner ends.
+sqlite grid is), as does one whose write the store refused because the other's created the tag first.
+The holder beats every BEAT_S in a thread; the tag is removed when the runner ends.
 MLflow has no compare-and-set, so this is a lease, not a lock: two runners whose writes reach the server
 more than SETTLE_S apart in the same instant cannot both hold it."""
 from __future__ import annotations
@@ -25,6 +26,11 @@ BEAT_S = 10.0
 STALE_AFTER = 6
 SETTLE_S = 1.0
 PREFIX = "harness.lease."
+
+
+def _holds(holder: dict[str, Any], me: dict[str, Any]) -> bool:
+    """Whether the lease read back names this runner (its host, pid, start time; the beat aside)."""
+    return {k: holder.get(k) for k in me} == me
 
 
 class LeaseHeld(RuntimeError):
@@ -71,12 +77,12 @@ class Lease:
             # MLflow sets a tag by a read, then an insert: a runner whose insert of the same new tag reached the
             # store first makes ours a duplicate key (PostgreSQL: UniqueViolation, a 400). That runner holds it.
             holder = self._read()
-            if holder is None or {k: holder.get(k) for k in me} == me:
+            if holder is None or _holds(holder, me):
                 raise  # no other holder: the store refused for another reason, said as it is
             raise LeaseHeld(self._who(holder)) from None
         time.sleep(SETTLE_S)
         holder = self._read()
-        if holder is None or {k: holder.get(k) for k in me} != me:
+        if holder is None or not _holds(holder, me):
             raise LeaseHeld(self._who(holder or {}))
         self.thread = threading.Thread(target=self._beat, args=(me,), name="grid-lease", daemon=True)
         self.thread.start()
