@@ -5,6 +5,7 @@ README.md, README.template.md's prose followed by a results section written from
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -205,28 +206,11 @@ def worlds_cell(c: dict) -> str:
     return f"{on_worlds(per)}: {', '.join(per)}{pooled}"
 
 
-LATER_DETECTORS = {
-    "detector_audit": ("audit", Path("detector") / "audit"),
-    "detector_campaign": ("campaign", Path("detector") / "campaign"),
-    "detector_campaign_refit": ("refit", Path("detector") / "campaign" / "refit"),
-    "detector_campaign2": ("campaign2", Path("detector") / "campaign2"),
-    "detector_campaign2_refit": ("campaign2 refit", Path("detector") / "campaign2" / "refit"),
-    "detector_campaign2_no_audit": ("campaign2 no audit", Path("detector") / "campaign2" / "no_audit"),
-    "detector_campaign3": ("campaign3", Path("detector") / "campaign3"),
-    "detector_campaign3_no_audit": ("campaign3 no audit", Path("detector") / "campaign3" / "no_audit"),
-    "detector_campaign3_declared": ("campaign3 declared", Path("detector") / "campaign3" / "fit"),
-    "detector_campaign3_families": ("campaign3 families", Path("detector") / "campaign3" / "families"),
-}
+LATER_DETECTORS = {"detector_audit": ("audit", Path("detector") / "audit")}
 """Summary key -> (kind, folder under reports/) of the committed evaluations beside today's detector's
 (detector/evaluation.json), each rendered where its folder's evaluation.json exists: the detector of runs
 with audit reward models and its families' ablation (`python -m analysis.detector families --out
-reports/detector/audit`); the committed detectors scored on a later campaign's runs (detector/campaign/, its
-runs file `runs.npz` beside it, so any detector refits without the store), a detector refit on that
-campaign's runs (campaign/refit/), and both, with the detector of runs without audit RMs, scored on a second
-campaign on a world none was fit on (campaign2/, campaign2/refit/, campaign2/no_audit/); the two committed ones
-and a detector declared before it was scored (fit on every run of the first two campaigns) on a third campaign,
-another world (campaign3/, campaign3/no_audit/, campaign3/fit/), and that detector's signal families ablated on
-it (campaign3/families/: the families table only, its chosen detector being the declared one)."""
+reports/detector/audit`). The campaigns' evaluations are CAMPAIGNS'."""
 
 
 def later_detectors(out: Path) -> dict[str, dict]:
@@ -235,10 +219,49 @@ def later_detectors(out: Path) -> dict[str, dict]:
     return {key: ev for key, ev in found.items() if ev is not None}
 
 
-CAMPAIGNS = {"detector_campaign4": Path("detector") / "campaign4", "detector_campaign5": Path("detector") / "campaign5"}
-"""Summary key -> folder under reports/ of a campaign scored as one table: its runs file (`runs.npz`) and,
-in a folder each, every detector's evaluation on those runs (`python -m analysis.detector evaluate --runs
-FOLDER/runs.npz --params FILE --out FOLDER/NAME`), the detectors declared for it beside their files."""
+@dataclass(frozen=True)
+class Campaign:
+    """A detector campaign's section of reports/README.md: its folder under reports/ holds its runs file
+    (`runs.npz`) and, in a folder each, every detector's evaluation on those runs (`python -m analysis.detector
+    evaluate --runs FOLDER/runs.npz --params FILE --out FOLDER/NAME`, or `families ... --out FOLDER/NAME`)."""
+
+    folder: Path
+    """Under reports/: detector/campaignN."""
+    title: str
+    """'campaign N', as bench/RESULTS.md names it."""
+    note: str
+    """What the runs are beside the detectors and when each detector was fixed (the table cannot say)."""
+
+
+DECLARED = ("No detector here was fit on this world; the detectors fit on earlier campaigns were committed, with "
+            "the rule for adopting them, before these runs were scored (bench/RESULTS.md).")
+CAMPAIGNS = {
+    "detector_campaign": Campaign(
+        Path("detector") / "campaign", "campaign 1",
+        "Trained after the committed detectors were fit: on their fit world (figure files they were not fit on, "
+        "the critic-free estimators among them) and on a bigger world (4 layers, 192 wide). `refit/` was fit on "
+        "part of these runs after they were trained (its signal families chosen there) and is scored on the rest "
+        "(its runs column)."),
+    "detector_campaign2": Campaign(
+        Path("detector") / "campaign2", "campaign 2",
+        "No detector here was fit on this world; `refit/` was fit on every run of campaign 1 before these runs "
+        "were trained."),
+    "detector_campaign3": Campaign(
+        Path("detector") / "campaign3", "campaign 3",
+        f"{DECLARED} `families/` is `fit/`'s signal families ablated on the same runs after they were scored "
+        "(its chosen detector is `fit/`'s), with the table below."),
+    "detector_campaign4": Campaign(Path("detector") / "campaign4", "campaign 4", DECLARED),
+    "detector_campaign5": Campaign(Path("detector") / "campaign5", "campaign 5", DECLARED),
+}
+"""Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
+
+
+def take_evaluations(summary: dict[str, Any], out: Path) -> None:
+    """Put the committed evaluations under `out` (LATER_DETECTORS', CAMPAIGNS') into `summary`, dropping the
+    keys of a layout no longer written (an older summary's per-detector campaign keys)."""
+    for k in [k for k in summary if k.startswith("detector_") and k not in {*LATER_DETECTORS, *CAMPAIGNS}]:
+        del summary[k]
+    summary |= later_detectors(out) | campaign_evaluations(out)
 
 
 def campaign_evaluations(out: Path) -> dict[str, dict[str, dict]]:
@@ -247,12 +270,13 @@ def campaign_evaluations(out: Path) -> dict[str, dict[str, dict]]:
     def kept(ev: dict) -> dict:
         det, prov = ev.get("detector", {}), ev.get("detector", {}).get("provenance", {})
         return {"line": ev["line"], "groups": ev["groups"], "baselines": ev.get("baselines", {}),
-                "store": {k: ev.get("store", {}).get(k) for k in ("runs", "provenance")},
+                **({"families": ev["families"]} if ev.get("families") else {}),
+                "store": {k: ev.get("store", {}).get(k) for k in ("uri", "runs", "provenance")},
                 "detector": {"file": det.get("file"), "threshold": det.get("threshold"), "provenance": {
                     "fit_runs": prov.get("fit_runs"), "split": prov.get("split", {}),
                     "selection": (prov.get("selection") or [{}])[:1]}}}
-    found = {key: {p.parent.name: kept(detector.load_summary(p)) for p in sorted((out / folder).glob("*/evaluation.json"))}
-             for key, folder in CAMPAIGNS.items()}
+    found = {key: {p.parent.name: kept(detector.load_summary(p)) for p in sorted((out / c.folder).glob("*/evaluation.json"))}
+             for key, c in CAMPAIGNS.items()}
     return {key: evs for key, evs in found.items() if evs}
 
 
@@ -263,19 +287,23 @@ def _nums(s: dict | None) -> str:
     return f"{fmt(s['recall'], 2)} / {fmt(s['fa_rate'], 2)} / {detector.fmt_steps(s['lead_median'])}"
 
 
-def campaign_text(evs: dict[str, dict] | None, where: Path) -> list[str]:
+def _runs_files(ev: dict) -> str:
+    """The runs files an evaluation read (its store: 'FILE (exported from ...) + FILE (...)'), comma-separated."""
+    return ",".join(part.split(" (")[0] for part in (ev.get("store", {}).get("uri") or "?").split(" + "))
+
+
+def campaign_text(evs: dict[str, dict] | None, c: Campaign) -> list[str]:
     """One campaign's detectors on the same held-out runs: a row each (held out with intervals, with a critic,
-    critic-free, the KL-threshold baseline fit on that detector's fit runs), then each one's line and command."""
+    critic-free, the KL-threshold baseline fit on that detector's fit runs), then each one's line and command,
+    then the signal families' table of each folder that ablated them."""
     if not evs:
         return []
-    folder = f"reports/{where.as_posix()}/"
+    folder = f"reports/{c.folder.as_posix()}/"
     first = next(iter(evs.values()))
     n, seen = first.get("store", {}).get("runs", "?"), first.get("store", {}).get("provenance", {})
-    title = where.name.replace("campaign", "campaign ")
-    lines = [f"### The early warning on {title}: every detector on the same held-out runs", "",
-             f"{n} runs of world {', '.join(w[:8] for w in seen.get('world.hash', []))}, which no detector here was fit "
-             f"on; the detectors of its folders `*/` beside their files were committed before its runs were scored "
-             f"(bench/RESULTS.md). Recall, false alarms and median lead (steps; 95% CIs), then without intervals.", "",
+    lines = [f"### The early warning on {c.title}: every detector on the same held-out runs", "",
+             f"{n} runs of world {', '.join(w[:8] for w in seen.get('world.hash', []))}. {c.note} Recall, false alarms "
+             "and median lead (steps; 95% CIs), then without intervals.", "",
              _row(["detector", "fit on", "runs", "recall", "false alarms", "median lead", "with a critic",
                    "critic-free", "KL threshold fit on the same runs"]), _row(["---"] * 9)]
     for name, ev in evs.items():
@@ -291,9 +319,20 @@ def campaign_text(evs: dict[str, dict] | None, where: Path) -> list[str]:
                            _nums(g.get("held-out, with a critic")), _nums(g.get("held-out, critic-free")),
                            (f"{kl['threshold']:g} nats: " if kl.get("threshold") is not None else "")
                            + _nums(kl.get("held-out (all)"))]))
-    lines += [""] + [f"- `{name}/`: `{ev['line']}` (`python -m analysis.detector evaluate --runs {folder}runs.npz "
-                     f"--params {ev.get('detector', {}).get('file', '?')} --out {folder}{name}/`)" for name, ev in evs.items()]
-    return lines + [""]
+    lines.append("")
+    for name, ev in evs.items():
+        prov = ev.get("detector", {}).get("provenance", {})
+        how = (f"python -m analysis.detector families --runs {_runs_files(ev)} {_split_flags(prov)} --out {folder}{name}/ "
+               f"--save {ev.get('detector', {}).get('file', '?')}" if ev.get("families") else
+               f"python -m analysis.detector evaluate --runs {folder}runs.npz --params "
+               f"{ev.get('detector', {}).get('file', '?')} --out {folder}{name}/")
+        lines.append(f"- `{name}/`: `{ev['line']}` (`{how}`)")
+    lines.append("")
+    for name, ev in evs.items():
+        if ev.get("families"):
+            lines += [f"`{name}/`: " + families_text(ev["families"], f"{folder}{name}/")[0], *families_text(
+                ev["families"], f"{folder}{name}/")[1:]]
+    return lines
 
 
 def _fit_worlds(prov: dict, sep: str) -> str:
@@ -309,61 +348,19 @@ def _split_flags(prov: dict) -> str:
 
 
 def detector_text(ev: dict | None, kind: str = "base", where: Path = Path("detector")) -> list[str]:
-    """kind: base (today's detector, detector/) or a kind of LATER_DETECTORS, `where` its folder."""
+    """kind: base (today's detector, detector/) or audit (LATER_DETECTORS), `where` its folder."""
     if not ev:
         return []
-    if kind == "campaign3 families":  # the declared detector fit again per family set: its rows are the declared one's
-        return families_text(ev.get("families"), f"reports/{where.as_posix()}/")
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
     world = _fit_worlds(prov, ", ")
     folder = f"reports/{where.as_posix()}/"
-    n = ev.get("store", {}).get("runs", "?")
-    seen = ev.get("store", {}).get("provenance", {})  # each provenance tag's values over the runs
-    evaluate = "python -m analysis.detector evaluate --runs"
     head = {"audit": ["### The early warning with audit reward models (`harness/detector_params.json`)", "",
                       "The detector a run uses when it scores its samples with audit reward models "
                       "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`); "
                       f"`{ev['line']}` (`python -m analysis.detector families --out {folder}`)."],
             "base": ["### The early warning against the gold truth", "",
-                     f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."],
-            "campaign": ["### The early warning on a later campaign's runs", "",
-                         f"The detector with audit reward models on {n} runs trained after it was fit (critic-free "
-                         "estimators and a bigger world among them), none of them fit on: "
-                         f"`{ev['line']}` (`{evaluate} {folder}runs.npz --params harness/detector_params.json --out "
-                         f"{folder}`; `runs.npz` holds the runs' signals, so any detector can be fit or scored on them "
-                         "without their store)."],
-            "refit": ["### A detector refit on that campaign's runs", "",
-                      "The detector fit again on part of that campaign (critic-free estimators among its fit runs: the "
-                      "committed one saw none), its signal families, lead, patience and threshold chosen on its fit "
-                      f"runs alone (cross-validated), scored on the campaign's other runs: `{ev['line']}` (`python -m "
-                      f"analysis.detector families --runs reports/detector/campaign/runs.npz {_split_flags(prov)} "
-                      f"--out {folder} --save {folder}detector_params.json`)."],
-            "campaign2": ["### The early warning on a second campaign, on a world no detector saw", "",
-                          f"The committed detector with audit reward models on {n} runs of a world no detector here "
-                          f"was fit or scored on before ({', '.join(w[:8] for w in seen.get('world.hash', []))}): "
-                          f"`{ev['line']}` (`{evaluate} {folder}runs.npz --params "
-                          f"harness/detector_params.json --out {folder}`)."],
-            "campaign2 refit": [f"The detector refit on every run of the first campaign (`{folder}"
-                                "detector_params.json`, fit and its signal families chosen before the second campaign was trained), on "
-                                f"the same {n} runs: `{ev['line']}` (`{evaluate} reports/detector/campaign2/runs.npz "
-                                f"--params {folder}detector_params.json --out {folder}`)."],
-            "campaign2 no audit": ["The detector of runs without audit reward models (`harness/detector_params_no_audit.json`"
-                                   f", what such a run warns with), on the same {n} runs: `{ev['line']}` (`{evaluate} "
-                                   "reports/detector/campaign2/runs.npz --params harness/detector_params_no_audit.json "
-                                   f"--out {folder}`)."],
-            "campaign3": ["### The early warning on a third campaign, scored by a rule declared before it", "",
-                          f"The committed detector with audit reward models on {n} runs of another world no detector was "
-                          f"fit on ({', '.join(w[:8] for w in seen.get('world.hash', []))}): `{ev['line']}` (`{evaluate} "
-                          f"{folder}runs.npz --params harness/detector_params.json --out {folder}`)."],
-            "campaign3 no audit": ["The committed detector of runs without audit reward models, on the same "
-                                   f"{n} runs: `{ev['line']}` (`{evaluate} reports/detector/campaign3/runs.npz --params "
-                                   f"harness/detector_params_no_audit.json --out {folder}`)."],
-            "campaign3 declared": ["A detector fit on every run of the first two campaigns, its signal families chosen "
-                                   "on them by cross-validation, and committed with the rule for adopting it (bench/RESULTS.md, "
-                                   f"Session 24) before this campaign was scored, on the same {n} runs: `{ev['line']}` "
-                                   f"(`{evaluate} reports/detector/campaign3/runs.npz --params {folder}detector_params.json "
-                                   f"--out {folder}`)."]}[kind]
+                     f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."]}[kind]
     head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
                  f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
                  f"{world}; every other row is scored on runs it was not fit on "
@@ -408,8 +405,8 @@ def readme(summary: dict) -> str:
     lines += detector_text(summary.get("detector"))
     for key, (kind, where) in LATER_DETECTORS.items():
         lines += detector_text(summary.get(key), kind, where)
-    for key, where in CAMPAIGNS.items():
-        lines += campaign_text(summary.get(key), where)
+    for key, c in CAMPAIGNS.items():
+        lines += campaign_text(summary.get(key), c)
     lines += ["### Provenance of the runs", ""]
     lines += [f"- {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in summary["provenance"].items()]
     return TEMPLATE.read_text().replace(MARK, "\n".join(lines).rstrip() + "\n")
@@ -443,9 +440,10 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
-    summary |= later_detectors(out) | campaign_evaluations(out)
+    take_evaluations(summary, out)
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
+        take_evaluations(summary, out)
     write_summary(summary, out)
     return summary
 
@@ -486,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                   "analysis.detector evaluate --tracking-uri STORE --out reports/detector`", file=sys.stderr)
             return 2
         summary["detector"] = ev
-        summary |= later_detectors(out) | campaign_evaluations(out)
+        take_evaluations(summary, out)
         summary.pop("collapse_rule", None)  # the indicator rule, scored against the truth it miscounted; now a baseline
     if found := tricks_summaries(out):  # the folder's studies, beside those the summary holds
         summary["tricks"] = {**(summary.get("tricks") or {}), **found}

@@ -368,3 +368,28 @@ def test_a_campaigns_detectors_are_one_table_of_every_folder_scored_on_its_runs(
         row = next(r for r in rows if r.startswith(f"| `{name}/`"))
         assert f"{s['runs']} ({s['fell']} fell)" in row and full["detector"]["file"] in row
         assert f"`{full['line']}`" in text
+
+
+def test_a_campaigns_families_folder_adds_its_table_and_an_older_layouts_keys_are_dropped(tmp_path):
+    """reports.reference.take_evaluations: a summary's detector keys of the per-detector layout (campaigns 1-3
+    before they were one table each) go, the campaign's table comes in; a folder written by `families` adds
+    its family sets' table and is named with the families command that wrote it."""
+    import json
+    import shutil
+
+    from reports import reference
+
+    src = REPO_ROOT / "reports" / "detector" / "campaign3"
+    shutil.copytree(src, tmp_path / "detector" / "campaign3")
+    summary = {"figures": {}, "detector_campaign3_declared": {"line": "old"}, "detector_campaign3": {"line": "old"}}
+    reference.take_evaluations(summary, tmp_path)
+    assert [k for k in summary if k.startswith("detector_")] == ["detector_campaign3"]
+    evs = summary["detector_campaign3"]
+    assert sorted(evs) == sorted(p.parent.name for p in src.glob("*/evaluation.json"))
+    text = "\n".join(reference.campaign_text(evs, reference.CAMPAIGNS["detector_campaign3"]))
+    fam = json.loads((src / "families" / "evaluation.json").read_text())["families"]
+    assert "`families/`: What each signal family adds" in text
+    assert all(reference._row(row) in text for row in fam["rows"][1:])
+    assert ("`python -m analysis.detector families --runs reports/detector/campaign/runs.npz,"
+            "reports/detector/campaign2/runs.npz,reports/detector/campaign3/runs.npz --fit-world 4bde1a81,") in text
+    assert text.count("What each signal family adds") == 1  # the evaluate folders add none
