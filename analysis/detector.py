@@ -73,6 +73,12 @@ MIN_EACH = 5
 LEADS = (10, 20, 30)  # steps before the onset labelled collapsing, tried by cross-validation
 PATIENCES = (3, 5)  # steps over the threshold before a warning, likewise
 FA_TARGET = 0.1
+FA_BY = ("pooled", "estimator")
+"""Over which runs the false alarms of a threshold (and of a cross-validated setting) are held to fa_target
+(--fa-by): pooled, every run whose gold held at once (the rate of the fit runs' own mix of estimators), or
+estimator, each kind apart: runs with a critic and critic-free runs, each at most fa_target, so that a world
+whose held runs are mostly critic-free (campaign 5: 14 of 22) does not meet a detector whose pooled rate hid
+the critic-free ones (bench/RESULTS.md, Session 26)."""
 DEFAULT_FIT_FILES = ("score_reparam", "policy_constraints", "adv_value_clip", "kl_eta", "ppo_max")
 RESULTS = Path("results") / "detector"
 
@@ -197,9 +203,9 @@ def _warnings(runs: list[RunData], model: tuple, window: int, baseline_steps: in
 
 
 def _threshold(runs: list[RunData], model: tuple, window: int, baseline_steps: int, patience: int,
-               fa_target: float) -> float:
+               fa_target: float, fa_by: str = "pooled") -> float:
     return choose_threshold(lambda t: _warnings(runs, model, window, baseline_steps, t, patience), runs, THRESHOLDS,
-                            fa_target)
+                            fa_target, fa_by)
 
 
 CV_FOLDS = 5
@@ -259,12 +265,12 @@ def cv_folds(runs: list[RunData], cv: str = "auto") -> tuple[str, list[tuple[lis
 
 def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], patiences: tuple[int, ...],
            window: int, baseline_steps: int, names: tuple[str, ...] = tuple(BASE_FEATURES), cv: str = "auto",
-           ) -> tuple[int, int, list[dict[str, Any]]]:
+           fa_by: str = "pooled") -> tuple[int, int, list[dict[str, Any]]]:
     """(lead, patience) by cross-validation over the fit runs (`cv_folds`: leave one world, or one figure file,
     out, or folds by configuration; fit and choose the threshold on the rest, warn on the fold): the
-    longest median lead among the settings whose pooled out-of-fold false alarms are within fa_target and
-    recall at least 0.9, else the best recall minus false alarms (ties: the longer lead). Only fit runs are
-    used: the held-out runs stay unseen."""
+    longest median lead among the settings whose out-of-fold false alarms (pooled, or each kind's: `fa_by`,
+    the row's fa_gate) are within fa_target and recall at least 0.9, else the best recall minus false alarms
+    (ties: the longer lead). Only fit runs are used: the held-out runs stay unseen."""
     how, folds = cv_folds(runs, cv)
     table = []
     for lead in leads:
@@ -275,15 +281,17 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
                 if sum(r.fell for r in train) < MIN_EACH or sum(not r.fell for r in train) < MIN_EACH:
                     continue
                 model = _train(train, lead, window, baseline_steps, names)
-                t = _threshold(train, model, window, baseline_steps, patience, fa_target)
+                t = _threshold(train, model, window, baseline_steps, patience, fa_target, fa_by)
                 warns |= dict(zip((r.run_id for r in test), _warnings(test, model, window, baseline_steps, t, patience)))
             scored = [r for r in runs if r.run_id in warns]
-            s = score(scored, [warns[r.run_id] for r in scored])
+            w = [warns[r.run_id] for r in scored]
+            s = score(scored, w)
             table.append({"lead": lead, "patience": patience, "recall": s["recall"], "fa_rate": s["fa_rate"],
-                          "lead_median": s["lead_median"], "runs": s["runs"], "folds": how})
-    ok = [row for row in table if row["fa_rate"] <= fa_target and row["recall"] >= 0.9 and row["runs"]]
+                          "fa_gate": fa_gate(scored, w, fa_by), "lead_median": s["lead_median"], "runs": s["runs"],
+                          "folds": how})
+    ok = [row for row in table if row["fa_gate"] <= fa_target and row["recall"] >= 0.9 and row["runs"]]
     best = (max(ok, key=lambda row: (np.nan_to_num(row["lead_median"], nan=-1e9), row["recall"])) if ok
-            else max(table, key=lambda row: (np.nan_to_num(row["recall"] - row["fa_rate"], nan=-1e9),
+            else max(table, key=lambda row: (np.nan_to_num(row["recall"] - row["fa_gate"], nan=-1e9),
                                              np.nan_to_num(row["lead_median"], nan=-1e9))))
     return best["lead"], best["patience"], table
 
@@ -291,38 +299,58 @@ def select(runs: list[RunData], *, fa_target: float, leads: tuple[int, ...], pat
 def fit(runs: list[RunData], *, fa_target: float = FA_TARGET, leads: tuple[int, ...] = LEADS,
         patiences: tuple[int, ...] = PATIENCES, window: int = 10, baseline_steps: int = 5,
         provenance: dict[str, Any] | None = None, names: tuple[str, ...] = tuple(BASE_FEATURES),
-        cv: str = "auto") -> DetectorParams:
+        cv: str = "auto", fa_by: str = "pooled") -> DetectorParams:
     """The logistic detector fit on `runs`: its label lead and patience chosen by `select` (cross-validation
     over the runs' worlds, figure files or configurations: `cv_folds`), then the model on every run, its threshold the lowest with at most
-    `fa_target` false alarms over them."""
+    `fa_target` false alarms over them (pooled, or in each kind of estimator: `fa_by`)."""
     fell = sum(r.fell for r in runs)
     if len(runs) < MIN_FIT_RUNS or fell < MIN_EACH or len(runs) - fell < MIN_EACH:
         raise ConfigError([f"fit: got {len(runs)} runs ({fell} whose gold fell, {len(runs) - fell} whose gold never fell); "
                            f"allowed: at least {MIN_FIT_RUNS} runs with at least {MIN_EACH} of each kind (a detector fit "
                            "on fewer says nothing that carries to other runs)"])
     lead, patience, table = select(runs, fa_target=fa_target, leads=leads, patiences=patiences, window=window,
-                                   baseline_steps=baseline_steps, names=names, cv=cv)
+                                   baseline_steps=baseline_steps, names=names, cv=cv, fa_by=fa_by)
     model = _train(runs, lead, window, baseline_steps, names)
     mean, scale, coef, b, _ = model
     params = DetectorParams(features=list(names), mean=mean.tolist(), scale=scale.tolist(), coef=coef.tolist(),
-                            intercept=b, threshold=_threshold(runs, model, window, baseline_steps, patience, fa_target),
+                            intercept=b, threshold=_threshold(runs, model, window, baseline_steps, patience, fa_target,
+                                                              fa_by),
                             patience=patience, window=window, baseline_steps=baseline_steps,
-                            provenance={**(provenance or {}), "lead": lead, "selection": table,
-                                        "baselines": {n: baseline_threshold(n, runs, fa_target) for n in BASELINES}})
+                            provenance={**(provenance or {}), "lead": lead, "selection": table, "fa_by": fa_by,
+                                        "baselines": {n: baseline_threshold(n, runs, fa_target, fa_by)
+                                                      for n in BASELINES}})
     return params
 
 
 THRESHOLDS = [round(x, 3) for x in np.linspace(0.05, 0.995, 190)]
 
 
-def choose_threshold(warnings_at: Callable[[float], list[int | None]], runs: list[RunData], grid: list[float],
-                     fa_target: float) -> float:
-    """The lowest threshold of `grid` whose false-alarm rate over `runs` is at most fa_target (the
-    highest of the grid when none is)."""
+def held_kinds(runs: list[RunData], fa_by: str = "pooled") -> list[list[int]]:
+    """The indices of the runs whose gold held, in the groups whose false alarms are each held to fa_target
+    (FA_BY): one group (pooled), or one per kind of estimator with such runs (with a critic, critic-free)."""
+    if fa_by not in FA_BY:
+        raise ConfigError([f"--fa-by: got {fa_by!r}; allowed: {', '.join(FA_BY)}"])
     neg = [i for i, r in enumerate(runs) if not r.fell]
+    if fa_by == "pooled":
+        return [neg]
+    kinds = ([i for i in neg if runs[i].estimator in NEEDS_CRITIC], [i for i in neg if runs[i].estimator not in NEEDS_CRITIC])
+    return [k for k in kinds if k]
+
+
+def fa_gate(runs: list[RunData], warns: list[int | None], fa_by: str = "pooled") -> float:
+    """The false-alarm rate a setting is judged by: over every held run (pooled), or the worst kind's (FA_BY)."""
+    rates = [sum(warns[i] is not None for i in k) / len(k) for k in held_kinds(runs, fa_by) if k]
+    return max(rates) if rates else math.nan
+
+
+def choose_threshold(warnings_at: Callable[[float], list[int | None]], runs: list[RunData], grid: list[float],
+                     fa_target: float, fa_by: str = "pooled") -> float:
+    """The lowest threshold of `grid` whose false-alarm rate over `runs` is at most fa_target, pooled or in
+    each kind of estimator (`fa_by`: FA_BY); the highest of the grid when none is."""
+    kinds = held_kinds(runs, fa_by)
     for t in sorted(grid):
         w = warnings_at(t)
-        if sum(w[i] is not None for i in neg) <= fa_target * len(neg):
+        if all(sum(w[i] is not None for i in k) <= fa_target * len(k) for k in kinds):
             return t
     return max(grid)
 
@@ -426,10 +454,11 @@ def line(s: dict[str, Any]) -> str:
             f"{s['held']} held)")
 
 
-def baseline_threshold(name: str, fit_runs: list[RunData], fa_target: float) -> float:
-    """A baseline's threshold fit on the fit runs as the detector's is: the lowest with at most fa_target false alarms."""
+def baseline_threshold(name: str, fit_runs: list[RunData], fa_target: float, fa_by: str = "pooled") -> float:
+    """A baseline's threshold fit on the fit runs as the detector's is: the lowest with at most fa_target false
+    alarms (pooled, or in each kind of estimator: `fa_by`)."""
     _, grid, step_of = BASELINES[name]
-    return choose_threshold(lambda t: [step_of(r, t) for r in fit_runs], fit_runs, grid, fa_target)
+    return choose_threshold(lambda t: [step_of(r, t) for r in fit_runs], fit_runs, grid, fa_target, fa_by)
 
 
 def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_TARGET) -> dict[str, Any]:
@@ -457,7 +486,8 @@ def evaluate(runs: list[RunData], params: DetectorParams, fa_target: float = FA_
     stored = (params.provenance or {}).get("baselines") or {}
     for name, (unit, grid, step_of) in BASELINES.items():
         # fit on this store's fit runs, else where the detector was (its file keeps them): never on held-out runs
-        t = (baseline_threshold(name, fit_runs, fa_target) if fit_runs else stored.get(name, grid[0]))
+        t = (baseline_threshold(name, fit_runs, fa_target, (params.provenance or {}).get("fa_by", "pooled"))
+             if fit_runs else stored.get(name, grid[0]))
         out["baselines"][name] = {"threshold": t, "unit": unit, "held-out (all)": score(held, [step_of(r, t) for r in held]),
                                   **{g: score(members[g], [step_of(r, t) for r in members[g]])
                                      for g in names if g in members and g != "held-out (all)"}}
@@ -502,15 +532,17 @@ def choose_family(results: dict[str, dict[str, Any]], fa_target: float) -> str:
     longest median lead among those within fa_target false alarms and recall at least 0.9, else the best
     recall minus false alarms, ties to the longer lead. The same rule `select` applies to lead and patience."""
     rows = {name: r["cv"] for name, r in results.items()}
-    ok = [n for n, r in rows.items() if r["fa_rate"] <= fa_target and r["recall"] >= 0.9]
+    gate = {n: r.get("fa_gate", r["fa_rate"]) for n, r in rows.items()}  # pooled, or the worst kind's (FA_BY)
+    ok = [n for n, r in rows.items() if gate[n] <= fa_target and r["recall"] >= 0.9]
     if ok:
         return max(ok, key=lambda n: (np.nan_to_num(rows[n]["lead_median"], nan=-1e9), rows[n]["recall"]))
-    return max(rows, key=lambda n: (np.nan_to_num(rows[n]["recall"] - rows[n]["fa_rate"], nan=-1e9),
+    return max(rows, key=lambda n: (np.nan_to_num(rows[n]["recall"] - gate[n], nan=-1e9),
                                     np.nan_to_num(rows[n]["lead_median"], nan=-1e9)))
 
 
 def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, provenance: dict[str, Any] | None = None,
-                    sets: dict[str, tuple[str, ...]] | None = None, cv: str = "auto") -> dict[str, dict[str, Any]]:
+                    sets: dict[str, tuple[str, ...]] | None = None, cv: str = "auto",
+                    fa_by: str = "pooled") -> dict[str, dict[str, Any]]:
     """Per family set: the detector fit on the fit runs that log its signals (lead and patience by
     cross-validation, as `fit`), its cross-validated row, and its evaluation on the held-out runs that
     log them: every set is scored on the same held-out runs where all of them can be (None where every
@@ -521,7 +553,7 @@ def ablate_families(runs: list[RunData], *, fa_target: float = FA_TARGET, proven
         usable = [r for r in runs if has_features(r, names)]
         fit_runs = [r for r in usable if r.group == "fit"]
         try:
-            params = fit(fit_runs, fa_target=fa_target, provenance=provenance, names=names, cv=cv)
+            params = fit(fit_runs, fa_target=fa_target, provenance=provenance, names=names, cv=cv, fa_by=fa_by)
         except ConfigError as e:
             out[name] = {"families": list(fams), "error": "; ".join(e.problems)}
             continue
@@ -712,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "cross-validated over the fit runs: auto (default: leave one figure file out, else folds by "
                            "configuration, the first that leaves enough of each kind to fit on), file, config, or world "
                            "(leave one world out; measured, not the default: bench/RESULTS.md Session 25)")
+            p.add_argument("--fa-by", choices=FA_BY, default="pooled", help="over which runs --fa-target holds: "
+                           "pooled (default: every run whose gold held) or estimator (runs with a critic and critic-free "
+                           "runs each apart; bench/RESULTS.md Session 26)")
         if name == "fit":
             p.add_argument("--families", default="base", metavar="LIST", help="signal families whose features the "
                            f"detector reads, of {', '.join(FAMILIES)} (default base: today's features; harness.detector)")
@@ -812,7 +847,7 @@ def _write_params(params: DetectorParams, path: Path) -> None:
 
 def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any]) -> int:
     results = ablate_families(runs, fa_target=args.fa_target, provenance=prov,
-                              sets=FAMILY_SETS | TREND_SETS if args.trend else None, cv=args.cv)
+                              sets=FAMILY_SETS | TREND_SETS if args.trend else None, cv=args.cv, fa_by=args.fa_by)
     fitted = {n: r for n, r in results.items() if "error" not in r}
     if not fitted:
         raise ConfigError(list(dict.fromkeys(r["error"] for r in results.values())))  # each problem once
@@ -821,7 +856,8 @@ def _families(args: argparse.Namespace, runs: list[RunData], prov: dict[str, Any
     chosen_no_audit = choose_family(no_audit, args.fa_target) if no_audit else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "fa_target": args.fa_target, "split": prov["split"],
+    summary = {"chosen": chosen, "chosen_no_audit": chosen_no_audit, "fa_target": args.fa_target, "fa_by": args.fa_by,
+               "split": prov["split"],
                "sets": {n: {"families": r["families"], **({"error": r["error"]} if "error" in r else {
                    "cv": r["cv"], "lead": r["params"].provenance["lead"], "patience": r["params"].patience,
                    "threshold": r["params"].threshold, "features": r["params"].features,
@@ -911,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
             names = tuple(family_features(families))
             fit_runs = [r for r in fit_runs if has_features(r, names)]
             params = fit(fit_runs, fa_target=args.fa_target, provenance=prov, leads=leads, patiences=patiences,
-                         names=names, cv=args.cv)
+                         names=names, cv=args.cv, fa_by=args.fa_by)
             save = Path(args.save or Path(args.out) / "detector_params.json")
             _write_params(params, save)
             print(f"fit on {len(fit_runs)} runs ({sum(r.fell for r in fit_runs)} whose gold fell), features of "

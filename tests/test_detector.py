@@ -211,9 +211,10 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
                   "--fit-seeds", "0-5", "--out", str(tmp_path / "all")]
     assert D.main(["evaluate", *everything, "--params", str(save)]) == 2
     assert "every run here is a fit run (48 runs of world w0,w1" in capsys.readouterr().err
-    assert D.main(["fit", *everything, "--save", str(tmp_path / "all.json")]) == 0
+    assert D.main(["fit", *everything, "--save", str(tmp_path / "all.json"), "--fa-by", "estimator"]) == 0
     assert "none to score it on" in capsys.readouterr().out
     assert load_params(tmp_path / "all.json").provenance["fit_runs"] == 48
+    assert load_params(tmp_path / "all.json").provenance["fa_by"] == "estimator" and p.provenance["fa_by"] == "pooled"
     assert D.main(["families", *everything, "--save", str(tmp_path / "fam.json"),
                    "--save-no-audit", str(tmp_path / "fam_no_audit.json")]) == 0
     out = capsys.readouterr().out
@@ -409,3 +410,32 @@ def test_committed_runs_files_give_their_committed_evaluations_again(summary, tm
     assert capsys.readouterr().out.rstrip().splitlines()[-1] == ev["line"]
     again = json.loads((tmp_path / "evaluation.json").read_text())
     assert again["groups"] == ev["groups"] and again["baselines"] == ev["baselines"] and again["curve"] == ev["curve"]
+
+
+def test_false_alarms_held_per_kind_of_estimator_set_a_threshold_no_kind_exceeds():
+    """--fa-by estimator: a threshold whose pooled false alarms are within the target but whose critic-free ones
+    are not is refused; the lowest threshold that keeps each kind within the target is taken. Warnings here
+    are a run's score against the threshold: a run warns where its score reaches it."""
+    from types import SimpleNamespace
+
+    from analysis.detector import choose_threshold, fa_gate, held_kinds
+    from harness.schema import ConfigError
+
+    # 10 held runs with a critic, none warned above 0.3; 5 held critic-free runs, one of them scoring 0.8
+    held = [SimpleNamespace(fell=False, estimator="gae", score=0.2) for _ in range(10)]
+    held += [SimpleNamespace(fell=False, estimator="grpo", score=s) for s in (0.8, 0.1, 0.1, 0.1, 0.1)]
+    runs = held + [SimpleNamespace(fell=True, estimator="gae", score=0.9)]
+    grid = [0.1, 0.3, 0.5, 0.85]
+
+    def warns(t: float) -> list:
+        return [0 if r.score >= t else None for r in runs]
+
+    # pooled: 1 false alarm of 15 held (0.067) at 0.3 is within 0.1; by kind the critic-free 1 of 5 (0.2) is not
+    assert choose_threshold(warns, runs, grid, 0.1) == 0.3
+    assert choose_threshold(warns, runs, grid, 0.1, "estimator") == 0.85
+    assert fa_gate(runs, warns(0.3)) == pytest.approx(1 / 15)
+    assert fa_gate(runs, warns(0.3), "estimator") == pytest.approx(1 / 5)
+    assert [len(k) for k in held_kinds(runs, "estimator")] == [10, 5]
+    assert [len(k) for k in held_kinds(runs[:10] + runs[-1:], "estimator")] == [10]  # a kind with no held run: none
+    with pytest.raises(ConfigError, match="--fa-by: got 'critic'; allowed: pooled, estimator"):
+        held_kinds(runs, "critic")
