@@ -252,6 +252,7 @@ CAMPAIGNS = {
         "(its chosen detector is `fit/`'s), with the table below."),
     "detector_campaign4": Campaign(Path("detector") / "campaign4", "campaign 4", DECLARED),
     "detector_campaign5": Campaign(Path("detector") / "campaign5", "campaign 5", DECLARED),
+    "detector_campaign6": Campaign(Path("detector") / "campaign6", "campaign 6", DECLARED),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
