@@ -299,7 +299,8 @@ def campaign_text(evs: dict[str, dict] | None, c: Campaign) -> list[str]:
     if not evs:
         return []
     folder = f"reports/{c.folder.as_posix()}/"
-    first = next(iter(evs.values()))
+    # the campaign's own runs: an `evaluate` folder's store is its runs file alone (a `families` one pools the fit runs)
+    first = next((ev for ev in evs.values() if not ev.get("families")), next(iter(evs.values())))
     n, seen = first.get("store", {}).get("runs", "?"), first.get("store", {}).get("provenance", {})
     lines = [f"### The early warning on {c.title}: every detector on the same held-out runs", "",
              f"{n} runs of world {', '.join(w[:8] for w in seen.get('world.hash', []))}. {c.note} Recall, false alarms "

@@ -393,3 +393,7 @@ def test_a_campaigns_families_folder_adds_its_table_and_an_older_layouts_keys_ar
     assert ("`python -m analysis.detector families --runs reports/detector/campaign/runs.npz,"
             "reports/detector/campaign2/runs.npz,reports/detector/campaign3/runs.npz --fit-world 4bde1a81,") in text
     assert text.count("What each signal family adds") == 1  # the evaluate folders add none
+    # the campaign's runs are counted from an evaluate folder's store, not a families one's (the fit runs pooled in)
+    assert "46 runs of world 3d8413f0. " in text
+    no_audit_first = {k: v for k, v in evs.items() if k != "audit"}  # families/ now the first folder
+    assert "46 runs of world 3d8413f0. " in "\n".join(reference.campaign_text(no_audit_first, reference.CAMPAIGNS["detector_campaign3"]))
