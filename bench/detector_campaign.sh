@@ -6,15 +6,17 @@
 #   python -m analysis.detector evaluate --runs OUT/runs.npz --params harness/detector_params.json
 # Campaigns 3-6 ran this plan (46 runs; about 40 min on 2 cores with 2 workers, the world build included).
 #
-# usage: bench/detector_campaign.sh WORLD_SEED OUT_DIR [WORKERS]
+# usage: bench/detector_campaign.sh WORLD_SEED OUT_DIR [WORKERS] [STEPS]
 #   WORLD_SEED  a world seed no detector was fit on (built once, cached under .harness/worlds/)
 #   OUT_DIR     a new folder: OUT/mlflow.db, OUT/runs/, OUT/registry/, OUT/runs.npz
+#   STEPS       the budget of the 200-step files (default 400; 800 knows more critic-free falls: RESULTS.md s. 26)
 set -euo pipefail
 if [ $# -lt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2
 fi
-seed=$1; out=$(realpath -m "$2"); workers=${3:-2}
+seed=$1; out=$(realpath -m "$2"); workers=${3:-2}; steps=${4:-400}
 case $seed in ''|*[!0-9]*) echo "WORLD_SEED: got '$seed'; allowed: a non-negative integer" >&2; exit 2;; esac
+case $steps in ''|*[!0-9]*) echo "STEPS: got '$steps'; allowed: a whole number of steps, e.g. 400" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 store=sqlite:///$out/mlflow.db
@@ -31,9 +33,9 @@ run() {  # FILE SEEDS STEPS [KEY=VALUE ...]
         --set ppo.steps="$steps" model.audit_reward_paths=world collapse.stop_on_collapse=true "$@"
 }
 run score_reparam 0,1 240
-run policy_constraints 0,1 400
-run estimators_nokl 0 400 ppo.kl_coef=0
-run estimators 0,1 400
-run cispo 0 400
+run policy_constraints 0,1 "$steps"
+run estimators_nokl 0 "$steps" ppo.kl_coef=0
+run estimators 0,1 "$steps"
+run cispo 0 "$steps"
 $py -m analysis.detector export --tracking-uri "$store" --to "$out/runs.npz"
 echo "== done ($(date +%T)): $out/runs.npz"
