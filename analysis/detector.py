@@ -533,11 +533,10 @@ def choose_family(results: dict[str, dict[str, Any]], fa_target: float) -> str:
     longest median lead among those within fa_target false alarms and recall at least 0.9, else the best
     recall minus false alarms, ties to the longer lead. The same rule `select` applies to lead and patience."""
     rows = {name: r["cv"] for name, r in results.items()}
-    gate = {n: r.get("fa_gate", r["fa_rate"]) for n, r in rows.items()}  # pooled, or the worst kind's (FA_BY)
-    ok = [n for n, r in rows.items() if gate[n] <= fa_target and r["recall"] >= 0.9]
+    ok = [n for n, r in rows.items() if r["fa_gate"] <= fa_target and r["recall"] >= 0.9]  # fa_gate: `select`
     if ok:
         return max(ok, key=lambda n: (np.nan_to_num(rows[n]["lead_median"], nan=-1e9), rows[n]["recall"]))
-    return max(rows, key=lambda n: (np.nan_to_num(rows[n]["recall"] - gate[n], nan=-1e9),
+    return max(rows, key=lambda n: (np.nan_to_num(rows[n]["recall"] - rows[n]["fa_gate"], nan=-1e9),
                                     np.nan_to_num(rows[n]["lead_median"], nan=-1e9)))
 
 

@@ -68,9 +68,8 @@ def merged(old: dict[str, Any], new: dict[str, Any], names: list[str]) -> dict[s
     alone, from the store they were run into) put in, the others kept: provenance values joined, `merged`
     naming the commit each came from, the orders made again."""
     res = {**old, "figures": {**old["figures"], **{k: v for k, v in new["figures"].items() if k in names}}}
-    for k in ("detector", "detector_audit", *LATER_DETECTORS, *CAMPAIGNS):
-        if new.get(k):
-            res[k] = new[k]
+    if new.get("detector"):  # the later detectors' and campaigns' evaluations: take_evaluations, after the merge
+        res["detector"] = new["detector"]
     if new.get("tricks"):  # the studies of the folder the build wrote into, beside those the summary held
         res["tricks"] = {**(old.get("tricks") or {}), **new["tricks"]}
     res["not_run"] = sorted(set(old.get("not_run") or []) - set(names))
@@ -288,8 +287,9 @@ def _nums(s: dict | None) -> str:
 
 
 def _runs_files(ev: dict) -> str:
-    """The runs files an evaluation read (its store: 'FILE (exported from ...) + FILE (...)'), comma-separated."""
-    return ",".join(part.split(" (")[0] for part in (ev.get("store", {}).get("uri") or "?").split(" + "))
+    """The runs files an evaluation read (its store, as analysis.detector writes it: 'FILE (exported from ...) +
+    FILE (exported from ...)'), comma-separated."""
+    return ",".join(part.split(" (exported from")[0] for part in (ev.get("store", {}).get("uri") or "?").split(" + "))
 
 
 def campaign_text(evs: dict[str, dict] | None, c: Campaign) -> list[str]:
@@ -331,8 +331,8 @@ def campaign_text(evs: dict[str, dict] | None, c: Campaign) -> list[str]:
     lines.append("")
     for name, ev in evs.items():
         if ev.get("families"):
-            lines += [f"`{name}/`: " + families_text(ev["families"], f"{folder}{name}/")[0], *families_text(
-                ev["families"], f"{folder}{name}/")[1:]]
+            head, *table = families_text(ev["families"], f"{folder}{name}/")
+            lines += [f"`{name}/`: {head}", *table]
     return lines
 
 
@@ -441,10 +441,9 @@ def write_reference(sections: list, out: Path, not_run: list[str], merge: bool =
     put into the committed summary, the others kept (`merged`)."""
     summary = reference_summary(sections, not_run, detector.load_summary(out / "detector" / "evaluation.json"),
                                 tricks_summaries(out))
-    take_evaluations(summary, out)
     if merge and (out / "reference.json").is_file():
         summary = merged(json.loads((out / "reference.json").read_text()), summary, [s.spec.name for s in sections])
-        take_evaluations(summary, out)
+    take_evaluations(summary, out)  # the folder's committed evaluations, over a merged summary's older ones
     write_summary(summary, out)
     return summary
 
