@@ -251,6 +251,9 @@ CAMPAIGNS = {
     "detector_campaign4": Campaign(Path("detector") / "campaign4", "campaign 4", DECLARED),
     "detector_campaign5": Campaign(Path("detector") / "campaign5", "campaign 5", DECLARED),
     "detector_campaign6": Campaign(Path("detector") / "campaign6", "campaign 6", f"{DECLARED} {ABLATED}"),
+    "detector_campaign7": Campaign(
+        Path("detector") / "campaign7", "campaign 7",
+        f"{DECLARED} Every file but Fig. 6 (240 steps) ran 800 steps, so a run called held there held for 800."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
