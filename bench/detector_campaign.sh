@@ -4,19 +4,22 @@
 # each file's steps: Fig. 6 at 240, the 200-step files at 400), each with the world's audit RMs and
 # collapse.stop_on_collapse, into a store of its own; then the runs file the detector scores in seconds:
 #   python -m analysis.detector evaluate --runs OUT/runs.npz --params harness/detector_params.json
-# Campaigns 3-6 ran this plan (46 runs; about 40 min on 2 cores with 2 workers, the world build included).
+# Campaigns 3-7 ran this plan (46 runs; about 40 min on 2 cores with 2 workers, the world build included; 66 min
+# with STEPS 800).
 #
-# usage: bench/detector_campaign.sh WORLD_SEED OUT_DIR [WORKERS] [STEPS]
+# usage: bench/detector_campaign.sh WORLD_SEED OUT_DIR [WORKERS] [STEPS] [FIG6_STEPS]
 #   WORLD_SEED  a world seed no detector was fit on (built once, cached under .harness/worlds/)
 #   OUT_DIR     a new folder: OUT/mlflow.db, OUT/runs/, OUT/registry/, OUT/runs.npz
 #   STEPS       the budget of the 200-step files (default 400; 800 knows more critic-free falls: RESULTS.md s. 26)
+#   FIG6_STEPS  Fig. 6's budget (default 240; 480 knows more of its falls: RESULTS.md s. 27)
 set -euo pipefail
 if [ $# -lt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2
 fi
-seed=$1; out=$(realpath -m "$2"); workers=${3:-2}; steps=${4:-400}
+seed=$1; out=$(realpath -m "$2"); workers=${3:-2}; steps=${4:-400}; fig6=${5:-240}
 case $seed in ''|*[!0-9]*) echo "WORLD_SEED: got '$seed'; allowed: a non-negative integer" >&2; exit 2;; esac
 case $steps in ''|*[!0-9]*) echo "STEPS: got '$steps'; allowed: a whole number of steps, e.g. 400" >&2; exit 2;; esac
+case $fig6 in ''|*[!0-9]*) echo "FIG6_STEPS: got '$fig6'; allowed: a whole number of steps, e.g. 240" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 store=sqlite:///$out/mlflow.db
@@ -32,7 +35,7 @@ run() {  # FILE SEEDS STEPS [KEY=VALUE ...]
         --workers "$workers" --tracking-uri "$store" --runs-dir "$out/runs" --no-progress \
         --set ppo.steps="$steps" model.audit_reward_paths=world collapse.stop_on_collapse=true "$@"
 }
-run score_reparam 0,1 240
+run score_reparam 0,1 "$fig6"
 run policy_constraints 0,1 "$steps"
 run estimators_nokl 0 "$steps" ppo.kl_coef=0
 run estimators 0,1 "$steps"
