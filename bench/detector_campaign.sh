@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A held-out campaign for the early warning (issue 35; bench/RESULTS.md, sessions 22-26): on one world
+# A held-out campaign for the early warning (issue 35; bench/RESULTS.md, sessions 22-27): on one world
 # seed, every run of the figure files below at a budget long enough to know whether its gold fell (twice
 # each file's steps: Fig. 6 at 240, the 200-step files at 400), each with the world's audit RMs and
 # collapse.stop_on_collapse, into a store of its own; then the runs file the detector scores in seconds:
