@@ -257,6 +257,10 @@ CAMPAIGNS = {
         "240; its configurations with a run called held were rerun to 480 steps after scoring "
         "(`reports/detector/budget480/`): two of its four false alarms fell later (steps 226 and 418), so `fit/` "
         "warned on 3 of the 21 runs that held that long."),
+    "detector_campaign8": Campaign(
+        Path("detector") / "campaign8", "campaign 8",
+        f"{DECLARED} Fig. 6 ran 480 steps and every other file 800, so a run called held held that long. `fit/` was "
+        "fit on every run of campaigns 1-7; `campaign7_fit/` is campaign 7's declared detector (campaigns 1-6)."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
