@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
-# A held-out campaign for the early warning (issue 35; bench/RESULTS.md, sessions 22-27): on one world
-# seed, every run of the figure files below at a budget long enough to know whether its gold fell (twice
-# each file's steps: Fig. 6 at 240, the 200-step files at 400), each with the world's audit RMs and
+# A held-out campaign for the early warning (issue 35; bench/RESULTS.md, sessions 22-28): on one world
+# seed, every run of the figure files below at a budget long enough to know whether its gold fell (four
+# times each file's steps: Fig. 6 at 480, the 200-step files at 800), each with the world's audit RMs and
 # collapse.stop_on_collapse, into a store of its own; then the runs file the detector scores in seconds:
 #   python -m analysis.detector evaluate --runs OUT/runs.npz --params harness/detector_params.json
-# Campaigns 3-7 ran this plan (46 runs; about 40 min on 2 cores with 2 workers, the world build included; 66 min
-# with STEPS 800).
+# Campaigns 3-8 ran this plan (46 runs on 2 cores with 2 workers, the world build included: about 40 min at
+# budgets 400/240 (campaigns 3-6), 66 min at 800/240 (7), 53 min at 800/480 (8, a world where more runs fell)).
 #
 # usage: bench/detector_campaign.sh WORLD_SEED OUT_DIR [WORKERS] [STEPS] [FIG6_STEPS]
 #   WORLD_SEED  a world seed no detector was fit on (built once, cached under .harness/worlds/)
 #   OUT_DIR     a new folder: OUT/mlflow.db, OUT/runs/, OUT/registry/, OUT/runs.npz
-#   STEPS       the budget of the 200-step files (default 400; 800 knows more critic-free falls: RESULTS.md s. 26)
-#   FIG6_STEPS  Fig. 6's budget (default 240; 480 knows more of its falls: RESULTS.md s. 27)
+#   STEPS       the budget of the 200-step files (default 800; 400, twice their steps, missed critic-free falls: RESULTS.md s. 26)
+#   FIG6_STEPS  Fig. 6's budget (default 480; 240, twice its steps, missed two of its falls: RESULTS.md s. 27)
 set -euo pipefail
 if [ $# -lt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
     sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2
 fi
-seed=$1; out=$(realpath -m "$2"); workers=${3:-2}; steps=${4:-400}; fig6=${5:-240}
+seed=$1; out=$(realpath -m "$2"); workers=${3:-2}; steps=${4:-800}; fig6=${5:-480}
 case $seed in ''|*[!0-9]*) echo "WORLD_SEED: got '$seed'; allowed: a non-negative integer" >&2; exit 2;; esac
-case $steps in ''|*[!0-9]*) echo "STEPS: got '$steps'; allowed: a whole number of steps, e.g. 400" >&2; exit 2;; esac
-case $fig6 in ''|*[!0-9]*) echo "FIG6_STEPS: got '$fig6'; allowed: a whole number of steps, e.g. 240" >&2; exit 2;; esac
+case $steps in ''|*[!0-9]*) echo "STEPS: got '$steps'; allowed: a whole number of steps, e.g. 800" >&2; exit 2;; esac
+case $fig6 in ''|*[!0-9]*) echo "FIG6_STEPS: got '$fig6'; allowed: a whole number of steps, e.g. 480" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 store=sqlite:///$out/mlflow.db
