@@ -261,6 +261,10 @@ CAMPAIGNS = {
         Path("detector") / "campaign8", "campaign 8",
         f"{DECLARED} Fig. 6 ran 480 steps and every other file 800, so a run called held held that long. `fit/` was "
         "fit on every run of campaigns 1-7; `campaign7_fit/` is campaign 7's declared detector (campaigns 1-6)."),
+    "detector_campaign9": Campaign(
+        Path("detector") / "campaign9", "campaign 9",
+        f"{DECLARED} Fig. 6 ran 480 steps and every other file 800. No detector was fit for it: `campaign8_fit/` "
+        "(declared) and `campaign8_fit_no_audit/` are campaign 8's, fit on campaigns 1-7."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
