@@ -267,6 +267,10 @@ CAMPAIGNS = {
         Path("detector") / "campaign9", "campaign 9",
         f"{DECLARED} {LONG} No detector was fit for it: `campaign8_fit/` (declared) and `campaign8_fit_no_audit/` "
         "are campaign 8's, fit on campaigns 1-7."),
+    "detector_campaign10": Campaign(
+        Path("detector") / "campaign10", "campaign 10",
+        f"{DECLARED} {LONG} `fit/` (declared) was fit on every run of campaigns 1-9; `campaign8_fit/` is campaign 8's "
+        "declared detector (campaigns 1-7), scored unchanged on its third new world."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
