@@ -271,6 +271,11 @@ CAMPAIGNS = {
         Path("detector") / "campaign10", "campaign 10",
         f"{DECLARED} {LONG} `fit/` (declared) was fit on every run of campaigns 1-9; `campaign8_fit/` is campaign 8's "
         "declared detector (campaigns 1-7), scored unchanged on its third new world."),
+    "detector_campaigns8_10": Campaign(
+        Path("detector") / "campaigns8-10", "campaigns 8-10 pooled",
+        "Campaigns 8, 9 and 10's runs scored together (each folder's evaluation.json also has a row per world): "
+        "campaign 8's declared detector and its no-audit sibling, fit on campaigns 1-7, on the three worlds they "
+        "were declared before."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
@@ -345,7 +350,7 @@ def campaign_text(evs: dict[str, dict] | None, c: Campaign) -> list[str]:
         prov = ev.get("detector", {}).get("provenance", {})
         how = (f"python -m analysis.detector families --runs {_runs_files(ev)} {_split_flags(prov)} --out {folder}{name}/ "
                f"--save {ev.get('detector', {}).get('file', '?')}" if ev.get("families") else
-               f"python -m analysis.detector evaluate --runs {folder}runs.npz --params "
+               f"python -m analysis.detector evaluate --runs {_runs_files(ev)} --params "
                f"{ev.get('detector', {}).get('file', '?')} --out {folder}{name}/")
         lines.append(f"- `{name}/`: `{ev['line']}` (`{how}`)")
     lines.append("")
