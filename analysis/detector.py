@@ -366,16 +366,18 @@ def first_streak(scores: list[tuple[int, float]], threshold: float, patience: in
     return None
 
 
-_SCORES: dict[tuple[int, str], list[tuple[int, float]]] = {}
+_SCORES: dict[tuple[int, str], tuple[DetectorParams, list[tuple[int, float]]]] = {}
 
 
 def warn_step(params: DetectorParams, r: RunData, threshold: float | None = None) -> int | None:
     """The detector's warning step on a run (harness.detector.replay's scores; a threshold only picks
     where the same scores cross, so they are computed once per run)."""
     key = (id(params), r.run_id)
-    if key not in _SCORES:
-        _SCORES[key] = replay(params, r.rows)[0]
-    return first_streak(_SCORES[key], params.threshold if threshold is None else threshold, params.patience)
+    hit = _SCORES.get(key)
+    if hit is None or hit[0] is not params:
+        # the cache holds the detector it scored, so no later detector can be given its id (and its scores)
+        hit = _SCORES[key] = (params, replay(params, r.rows)[0])
+    return first_streak(hit[1], params.threshold if threshold is None else threshold, params.patience)
 
 
 # ------------------------------------------------------------------ baselines

@@ -227,6 +227,27 @@ def test_fit_and_score_out_of_sample_on_a_synthetic_store(tmp_path, capsys):
     assert saved.provenance["fit_runs"] == 48 and saved.features == fam["sets"][chosen]["features"]
 
 
+def test_each_detector_is_scored_with_its_own_scores_even_after_another_is_freed():
+    """warn_step caches a run's scores by the detector's id: a freed detector's id must not hand its scores to the
+    next one (CPython reuses ids), so the cache keeps each detector it scored alive and checks it is the same."""
+    import gc
+    import weakref
+
+    from analysis import detector as D
+
+    rows = stream(160, at=60, rate=2, seed=3)  # a fall the committed detector warns on (step 136)
+    run = D.RunData("r-ids", "a", "v", 0, "w0", "a:gae", list(enumerate(rows, 1)), 60, len(rows), 24, estimator="gae")
+    first = load_params(DEFAULT_PARAMS_NO_AUDIT)
+    assert D.warn_step(first, run) == replay(first, run.rows)[1].step
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is not None  # still held by the cache, so its id is not free for another detector
+    p = load_params(DEFAULT_PARAMS_NO_AUDIT)
+    late = dataclasses.replace(p, threshold=1.0 - 1e-9, patience=50)  # another detector: never warns here
+    assert replay(late, run.rows)[1] is None and D.warn_step(late, run) is None
+
+
 def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has_a_critic():
     """One configuration in two figure files is the same training twice: scored once, not as two runs. The
     committed detectors were fit on PPO runs with a critic; held-out critic-free runs are pooled apart."""
