@@ -6,6 +6,7 @@ runs it was not fit on:
     python -m analysis.detector evaluate --summary reports/reference.json          # the committed numbers
     python -m analysis.detector export --tracking-uri sqlite:///runs.db --to runs.npz  # the runs, without the store
     python -m analysis.detector families --runs reports/detector/campaign/runs.npz ...  # any command, from that file
+    python -m analysis.detector declared --runs A.npz,B.npz --params PA.json,PB.json  # each file, its own detector, pooled
 
 The truth of a run is its gold onset (harness.metrics.GoldTruth, with the run's own collapse
 settings): a run whose gold fell, or one whose gold never fell over its whole budget (the detector
@@ -765,6 +766,14 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"warning patiences tried likewise (default {PATIENCES})")
             p.add_argument("--save", metavar="FILE", help="where the fitted detector goes (default: OUT/detector_params.json; "
                            f"{DEFAULT_PARAMS} is the committed one)")
+    d = sub.add_parser("declared", help="campaigns pooled, each scored with the detector declared before it",
+                       description="Score each runs file with its own detector (the one declared before that campaign "
+                       "was scored) and pool the warnings: the held-out line of a protocol that fits a new detector "
+                       "before each campaign, which no single detector's evaluation gives. A file's runs that its "
+                       "detector was fit on are left out (and counted).")
+    d.add_argument("--runs", metavar="A.npz,B.npz", required=True, help="the campaigns' runs files, comma-separated")
+    d.add_argument("--params", metavar="PA.json,PB.json", required=True, help="the detector of each runs file, in the "
+                   "same order (one may appear several times)")
     e = sub.add_parser("export", help="write a store's runs, as the detector reads them, to a runs file",
                        description="Write every finished train run of a store, as fit and evaluate read it (per-step "
                        "signals, gold onset, where it belongs), to a compressed .npz that --runs reads back: a "
@@ -789,6 +798,41 @@ def _source(args: argparse.Namespace) -> tuple[list[RunData], str]:
         return runs, " + ".join(where)
     uri = tracking.resolve_uri(args.tracking_uri)
     return load_runs(uri), tracking.redact(uri)
+
+
+def declared(pairs: list[tuple[list[RunData], DetectorParams]]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """(the pooled score, each pair's score, the runs left out as fit runs) of runs scored each with its own
+    detector: every run held out from its detector's split (analysis.detector.assign), warned by warn_step."""
+    runs, warns, each, dropped = [], [], [], 0
+    for part, params in pairs:
+        stored = params.provenance.get("split") or {}
+        split = Split(stored.get("world") or "", stored.get("files") or [], stored.get("seeds") or [],
+                      stored.get("trials"))
+        mine = [r for r in assign(part, split) if has_features(r, tuple(params.features))]
+        held = [r for r in mine if r.group != "fit"]
+        dropped += len(part) - len(held)
+        w = [warn_step(params, r) for r in held]
+        each.append(score(held, w))
+        runs += held
+        warns += w
+    return score(runs, warns), each, dropped
+
+
+def _declared(args: argparse.Namespace) -> int:
+    files = [f.strip() for f in args.runs.split(",") if f.strip()]
+    dets = [f.strip() for f in args.params.split(",") if f.strip()]
+    if len(files) != len(dets):
+        raise ConfigError([f"--params: got {len(dets)} detector files for {len(files)} runs files (--runs); allowed: "
+                           "one detector per runs file, in the same order"])
+    loaded = {p: load_params(p) for p in dict.fromkeys(dets)}  # each file once: one detector, one cache entry
+    pooled, each, dropped = declared([(read_runs(f)[0], loaded[p]) for f, p in zip(files, dets)])
+    for f, p, s in zip(files, dets, each):
+        print(f"{f} with {p}: {line(s)}")
+    if dropped:
+        print(f"note: {dropped} runs left out: fit runs of their file's detector, or without a signal it reads")
+    print(f"pooled, each runs file with its own detector: {line(pooled)}")
+    print(summary_line({"groups": {"held-out (all)": pooled}}))
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -927,6 +971,8 @@ def main(argv: list[str] | None = None) -> int:
             resolve_params("default") if args.cmd == "evaluate" else None)
         if args.cmd == "export":
             return _export(args)
+        if args.cmd == "declared":
+            return _declared(args)
         runs, store = _source(args)
         if not runs:
             raise ConfigError([f"{store}: no finished train run with a gold reward and the detector's "

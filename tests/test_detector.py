@@ -248,6 +248,40 @@ def test_each_detector_is_scored_with_its_own_scores_even_after_another_is_freed
     assert replay(late, run.rows)[1] is None and D.warn_step(late, run) is None
 
 
+def test_campaigns_scored_each_with_its_own_detector_pool_their_warnings_and_leave_out_fit_runs(tmp_path, capsys):
+    """`declared`: each runs file with the detector declared before it; the pooled counts are the files' counts
+    summed (not one detector over all), and a run its detector was fit on is left out."""
+    from analysis import detector as D
+    from analysis.detector_runs import save_runs
+
+    base = load_params(DEFAULT_PARAMS_NO_AUDIT)
+    never = dataclasses.replace(base, threshold=1.0 - 1e-12, patience=1000)  # a detector that never warns
+    never_file = tmp_path / "never.json"
+    never_file.write_text(json.dumps(dataclasses.asdict(never)))
+    fit_world = base.provenance["split"]["world"]
+
+    def run(i: int, world: str, at: int | None, ablation: str = "a", seed: int = 1) -> D.RunData:
+        rows = stream(160, at=at, rate=2, seed=i)
+        return D.RunData(f"r{i}", ablation, "v", seed, world, f"{ablation}:{i}", list(enumerate(rows, 1)), at, len(rows),
+                         24, estimator="gae")
+
+    a = [run(0, "w1", 60), run(1, "w1", None), run(2, fit_world, 60, ablation="study_tricks", seed=0)]  # r2: a fit run
+    b = [run(3, "w2", 60), run(4, "w2", None)]
+    pooled, each, dropped = D.declared([(a, base), (b, never)])
+    assert dropped == 1 and [s["runs"] for s in each] == [2, 2] and pooled["runs"] == 4
+    assert each[0]["warned_fell"] == 1 and each[1]["warned_fell"] == 0  # the fall in b: its own detector never warns
+    assert pooled["warned_fell"] == 1 and pooled["fell"] == 2 and pooled["recall"] == 0.5
+    save_runs(a, tmp_path / "a.npz", {"commit": "t"})
+    save_runs(b, tmp_path / "b.npz", {"commit": "t"})
+    assert D.main(["declared", "--runs", f"{tmp_path / 'a.npz'},{tmp_path / 'b.npz'}",
+                   "--params", f"{DEFAULT_PARAMS_NO_AUDIT},{never_file}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "held-out: recall 0.5, false alarms 0, median lead " + D.fmt_steps(pooled["lead_median"]) + " steps (4 runs)"
+    assert "1 runs left out" in "\n".join(out)
+    assert D.main(["declared", "--runs", str(tmp_path / "a.npz"), "--params", f"{never_file},{never_file}"]) == 2
+    assert "one detector per runs file" in capsys.readouterr().err
+
+
 def test_held_out_runs_are_scored_once_and_pooled_by_whether_their_estimator_has_a_critic():
     """One configuration in two figure files is the same training twice: scored once, not as two runs. The
     committed detectors were fit on PPO runs with a critic; held-out critic-free runs are pooled apart."""
