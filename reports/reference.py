@@ -274,8 +274,8 @@ CAMPAIGNS = {
     "detector_campaigns8_10": Campaign(
         Path("detector") / "campaigns8-10", "campaigns 8-10 pooled",
         "Campaigns 8, 9 and 10's runs scored together (each folder's evaluation.json also has a row per world): "
-        "campaign 8's declared detector and its no-audit sibling, fit on campaigns 1-7, on the three worlds they "
-        "were declared before."),
+        "campaign 8's declared detector and its no-audit sibling, fit on campaigns 1-7, on three worlds whose runs came "
+        "after they were committed."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
