@@ -805,10 +805,7 @@ def declared(pairs: list[tuple[list[RunData], DetectorParams]]) -> tuple[dict[st
     detector: every run held out from its detector's split (analysis.detector.assign), warned by warn_step."""
     runs, warns, each, dropped = [], [], [], 0
     for part, params in pairs:
-        stored = params.provenance.get("split") or {}
-        split = Split(stored.get("world") or "", stored.get("files") or [], stored.get("seeds") or [],
-                      stored.get("trials"))
-        mine = [r for r in assign(part, split) if has_features(r, tuple(params.features))]
+        mine = [r for r in assign(part, recorded_split(params, part)) if has_features(r, tuple(params.features))]
         held = [r for r in mine if r.group != "fit"]
         dropped += len(part) - len(held)
         w = [warn_step(params, r) for r in held]
@@ -848,11 +845,22 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def recorded_split(params: DetectorParams | None, runs: list[RunData]) -> Split:
+    """The split a detector file records (where it records none: the world of most of `runs`, the default fit
+    files, seeds 0-2): the runs it was fit on; `--fit-world`, `--fit-files`, ... override it (_split)."""
+    stored = (params.provenance.get("split") if params else None) or {}
+    world = stored.get("world")
+    if world is None:
+        world = pd.Series([r.world for r in runs]).value_counts().index[0]
+    return Split(world, stored.get("files") or list(DEFAULT_FIT_FILES), stored.get("seeds") or [0, 1, 2],
+                 stored.get("trials"))
+
+
 def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams | None) -> Split:
     from harness.registry import parse_seeds
 
-    stored = (params.provenance.get("split") if params else None) or {}
-    world = stored.get("world")
+    recorded = recorded_split(params, runs)
+    world = recorded.world
     if args.fit_world:
         have = sorted({r.world for r in runs})
         given = [w.strip() for w in args.fit_world.split(",") if w.strip()]
@@ -861,16 +869,14 @@ def _split(args: argparse.Namespace, runs: list[RunData], params: DetectorParams
             raise ConfigError([f"--fit-world: got {', '.join(bad)}; allowed: the hashes (or unique prefixes, e.g. "
                                f"the 8 characters the tables print) of the worlds these runs are on: {', '.join(have)}"])
         world = [f[0] for f in found] if len(found) > 1 else found[0][0]
-    if world is None:
-        world = pd.Series([r.world for r in runs]).value_counts().index[0]
-    files = args.fit_files.split(",") if args.fit_files else stored.get("files") or list(DEFAULT_FIT_FILES)
+    files = args.fit_files.split(",") if args.fit_files else recorded.files
     present = {r.ablation for r in runs}
     if args.cmd != "evaluate" and args.fit_files and (bad := [f for f in files if f not in present]):
         # (evaluate may name the files a detector was fit on elsewhere: none of them here, every run held out)
         raise ConfigError([f"--fit-files: got {','.join(bad)}, which no run here is of; allowed: figure files of these "
                            f"runs: {', '.join(sorted(present))}"])
-    seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else stored.get("seeds") or [0, 1, 2]
-    trials = parse_seeds(args.fit_trials, "--fit-trials") if args.fit_trials else stored.get("trials")
+    seeds = parse_seeds(args.fit_seeds, "--fit-seeds") if args.fit_seeds else recorded.seeds
+    trials = parse_seeds(args.fit_trials, "--fit-trials") if args.fit_trials else recorded.trials
     return Split(world, files, seeds, trials)
 
 
