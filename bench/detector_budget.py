@@ -17,7 +17,7 @@ DETECTORS = ("reports/detector/campaign5/fit/detector_params.json",
              "reports/detector/campaign5/fit/detector_params_no_audit.json",
              "reports/detector/campaign4/fit_file/detector_params.json",
              "reports/detector/campaign6/fit/detector_params.json",
-             "harness/detector_params_no_audit.json")
+             "reports/detector/retired/detector_params_no_audit.json")
 
 
 def main(argv: list[str] | None = None) -> int:

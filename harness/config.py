@@ -285,7 +285,7 @@ class CollapseConfig:
     confirm: PosCount = 20
     """Gold truth: steps in a row the trailing mean must stay below start - margin; the onset is the first of them, known `confirm - 1` steps later."""
     detector: PathStr = "default"
-    """The warning detector (harness.detector): `default` = the committed harness/detector_params.json (fit on the embedded world, scored on held-out worlds and figure files: `python -m analysis.detector evaluate`), `off`, or a file written by `python -m analysis.detector fit`. Logs collapse/warning every step and collapse/warning_step once."""
+    """The warning detector (harness.detector): `default` = the committed harness/detector_params_no_audit.json, or harness/detector_params.json for a run with audit reward models (fit on the embedded world's runs on ten worlds, scored on a world it was not fit on: reports/detector/, `python -m analysis.detector evaluate`), `off`, or a file written by `python -m analysis.detector fit`. Logs collapse/warning every step and collapse/warning_step once."""
     warn_threshold: Unit | None = None
     """The detector's threshold instead of the file's (another point of its operating curve: lower warns earlier and more often)."""
     stop_on_collapse: Bool = False

@@ -52,9 +52,11 @@ from . import keys as K
 from .schema import ConfigError, Float, PosCount, Unit, section, validate
 
 DEFAULT_PARAMS = Path(__file__).with_name("detector_params.json")
-"""The committed detector (`collapse.detector: default`) of a run with audit reward models."""
+"""The committed detector (`collapse.detector: default`) of a run with audit reward models: every signal family
+(reports/detector/campaign10/fit/, fit on campaigns 1-9; scored on campaign 10 in reports/detector/audit/)."""
 DEFAULT_PARAMS_NO_AUDIT = Path(__file__).with_name("detector_params_no_audit.json")
-"""The committed detector of a run without them (`default` picks by what the run logs)."""
+"""The committed detector of a run without them (`default` picks by what the run logs): the base and diversity
+families, fit on the same runs (scored in reports/detector/). The pair they replaced: reports/detector/retired/."""
 BASE_SIGNALS = {"kl": K.KL_K3, "entropy": K.ENTROPY, "ppl": K.PPL_TOKENS, "ppl_ref": K.PPL_REF, "length": K.LENGTH,
                 "length_std": K.LENGTH_STD, "cap": K.FRAC_AT_CAP, "rm": K.RM_SCORE, "rm_std": K.RM_SCORE_STD,
                 "clipfrac": K.POLICY_CLIPFRAC}

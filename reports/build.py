@@ -216,7 +216,7 @@ class Section:
                     "logged steps, peak = largest logged value")
             note += ("; collapsed = seeds marked collapsed (mean collapse step: the gold onset on the embedded "
                      "world)") if "collapsed" in self.metrics else ""
-            note += ("; warned = seeds the early-warning detector warned (no gold used), lead = gold onset − warning "
+            note += ("; warned = seeds the early-warning detector they ran with warned (no gold used), lead = gold onset − warning "
                      "step over the warned seeds whose gold fell, median (range)") if "warned" in self.metrics else ""
             note += ("; best step = per seed, the step of the best held-out eval before collapse (its policy: "
                      "best_policy.pt in the run folder)") if "best step" in self.metrics else ""
@@ -424,8 +424,10 @@ def detector_flowables(found: tuple[Path, dict] | None, st) -> list:
         return []
     folder, ev = found
     prov = ev.get("detector", {}).get("provenance", {})
+    worlds = prov.get("split", {}).get("world")
     note = (f"{ev['line']}. Fit on {prov.get('fit_runs', '?')} runs of {', '.join(prov.get('split', {}).get('files', []))} "
-            f"(seeds {prov.get('split', {}).get('seeds')}) on one world; every other row is out of sample. Recall: gold "
+            f"(seeds {prov.get('split', {}).get('seeds')}) on {len(worlds) if isinstance(worlds, list) else 'one'} "
+            "world(s); every row but \"fit\" is out of sample. Recall: gold "
             "falls warned; false alarms: runs whose gold never fell that were warned; lead = gold onset − warning step. "
             "Intervals: Clopper-Pearson, percentile bootstrap (analysis/detector.py).")
     out = [P("The early warning against the gold truth", st["h1"]),

@@ -205,11 +205,14 @@ def worlds_cell(c: dict) -> str:
     return f"{on_worlds(per)}: {', '.join(per)}{pooled}"
 
 
-LATER_DETECTORS = {"detector_audit": ("audit", Path("detector") / "audit")}
-"""Summary key -> (kind, folder under reports/) of the committed evaluations beside today's detector's
-(detector/evaluation.json), each rendered where its folder's evaluation.json exists: the detector of runs
-with audit reward models and its families' ablation (`python -m analysis.detector families --out
-reports/detector/audit`). The campaigns' evaluations are CAMPAIGNS'."""
+LATER_DETECTORS = {"detector_audit": ("audit", Path("detector") / "audit"),
+                   "detector_retired": ("retired", Path("detector") / "retired"),
+                   "detector_retired_audit": ("retired_audit", Path("detector") / "retired" / "audit")}
+"""Summary key -> (kind, folder under reports/) of the committed evaluations beside the default detector's
+(detector/evaluation.json), each rendered where its folder's evaluation.json exists: the default of runs with
+audit reward models (detector/audit/), then the first committed pair, retired when campaign 10's detector became
+the default (detector/retired/: its held-out evaluation and its files; retired/audit/: the audit RMs' one, with
+its families' ablation). The campaigns' evaluations are CAMPAIGNS'."""
 
 
 def later_detectors(out: Path) -> dict[str, dict]:
@@ -269,8 +272,10 @@ CAMPAIGNS = {
         "are campaign 8's, fit on campaigns 1-7."),
     "detector_campaign10": Campaign(
         Path("detector") / "campaign10", "campaign 10",
-        f"{DECLARED} {LONG} `fit/` (declared) was fit on every run of campaigns 1-9; `campaign8_fit/` is campaign 8's "
-        "declared detector (campaigns 1-7), scored unchanged on its third new world."),
+        f"{DECLARED} {LONG} `fit/` (declared) was fit on every run of campaigns 1-9; having met every target here, its "
+        "files are now the defaults (`harness/`). `campaign8_fit/` is campaign 8's declared detector (campaigns 1-7), "
+        "scored unchanged on its third new world; `audit/` and `no_audit/` are the first committed pair, then the "
+        "defaults."),
     "detector_campaigns8_10": Campaign(
         Path("detector") / "campaigns8-10", "campaigns 8-10 pooled",
         "Campaigns 8, 9 and 10's runs scored together (each folder's evaluation.json also has a row per world): "
@@ -347,18 +352,25 @@ def campaign_text(evs: dict[str, dict] | None, c: Campaign) -> list[str]:
                            + _nums(kl.get("held-out (all)"))]))
     lines.append("")
     for name, ev in evs.items():
-        prov = ev.get("detector", {}).get("provenance", {})
-        how = (f"python -m analysis.detector families --runs {_runs_files(ev)} {_split_flags(prov)} --out {folder}{name}/ "
-               f"--save {ev.get('detector', {}).get('file', '?')}" if ev.get("families") else
-               f"python -m analysis.detector evaluate --runs {_runs_files(ev)} --params "
-               f"{ev.get('detector', {}).get('file', '?')} --out {folder}{name}/")
-        lines.append(f"- `{name}/`: `{ev['line']}` (`{how}`)")
+        lines.append(f"- `{name}/`: `{ev['line']}` (`{command(ev, f'{folder}{name}/')}`)")
     lines.append("")
     for name, ev in evs.items():
         if ev.get("families"):
             head, *table = families_text(ev["families"], f"{folder}{name}/")
             lines += [f"`{name}/`: {head}", *table]
     return lines
+
+
+def command(ev: dict, folder: str) -> str:
+    """The command that writes an evaluation folder again from the runs files it read (`families` for a folder that
+    ablated the signal families, else `evaluate`); one whose store was not a runs file is printed from its summary."""
+    det, prov = ev.get("detector", {}), ev.get("detector", {}).get("provenance", {})
+    if not _runs_files(ev).endswith(".npz"):
+        return f"python -m analysis.detector evaluate --summary {folder}evaluation.json"
+    if ev.get("families"):
+        return (f"python -m analysis.detector families --runs {_runs_files(ev)} {_split_flags(prov)} --out {folder} "
+                f"--save {det.get('file', '?')}")
+    return f"python -m analysis.detector evaluate --runs {_runs_files(ev)} --params {det.get('file', '?')} --out {folder}"
 
 
 def _fit_worlds(prov: dict, sep: str) -> str:
@@ -373,24 +385,43 @@ def _split_flags(prov: dict) -> str:
             f"--fit-seeds {','.join(map(str, split.get('seeds') or []))}")
 
 
+DETECTOR_HEADS = {
+    "base": ("The early warning against the gold truth (the default: `harness/detector_params_no_audit.json`)",
+             "The detector a run without audit reward models uses (`collapse.detector: default`; the one `make run` "
+             "logs), fit on campaigns 1-9 as declared before campaign 10 (`reports/detector/campaign10/fit/`) and "
+             "scored here on campaign 10's runs, a world it never saw"),
+    "audit": ("The early warning with audit reward models (the default: `harness/detector_params.json`)",
+              "The detector a run uses when it scores its samples with audit reward models "
+              "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`), fit with "
+              "the default above on the same runs and scored on the same held-out ones"),
+    "retired": ("The first committed detector, retired (`reports/detector/retired/detector_params_no_audit.json`)",
+                "The default of runs without audit reward models until campaign 10's detector met every target on "
+                "runs it was not fit on and replaced it (the rule declared before campaign 10: bench/RESULTS.md, "
+                "sessions 29 and 30); the reference reports' warned and lead columns come from it (their runs logged "
+                "it)"),
+    "retired_audit": ("The first audit RMs' detector, retired (`reports/detector/retired/detector_params.json`)",
+                      "The default of runs with audit reward models until campaign 10's; its signal families' "
+                      "ablation on its first held-out runs"),
+}
+"""kind -> (the section's title, what the detector is) of each detector section in reports/README.md."""
+
+
 def detector_text(ev: dict | None, kind: str = "base", where: Path = Path("detector")) -> list[str]:
-    """kind: base (today's detector, detector/) or audit (LATER_DETECTORS), `where` its folder."""
+    """kind: base (the default detector, detector/) or a LATER_DETECTORS kind, `where` its folder."""
     if not ev:
         return []
     rows = detector.table_rows(ev)
     prov = ev.get("detector", {}).get("provenance", {})
-    world = _fit_worlds(prov, ", ")
     folder = f"reports/{where.as_posix()}/"
-    head = {"audit": ["### The early warning with audit reward models (`harness/detector_params.json`)", "",
-                      "The detector a run uses when it scores its samples with audit reward models "
-                      "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`); "
-                      f"`{ev['line']}` (`python -m analysis.detector families --out {folder}`)."],
-            "base": ["### The early warning against the gold truth", "",
-                     f"`{ev['line']}` (`python -m analysis.detector evaluate --summary reports/reference.json`)."]}[kind]
-    head[-1] += (f" Fit on {prov.get('fit_runs', '?')} runs ({prov.get('fit_fell', '?')} whose gold fell) of "
-                 f"{', '.join(prov.get('split', {}).get('files', []))} at seeds {prov.get('split', {}).get('seeds')} on world "
-                 f"{world}; every other row is scored on runs it was not fit on "
-                 f"(`{folder}`: the operating curve and lead times, `detector.png`).")
+    title, what = DETECTOR_HEADS[kind]
+    how = ("python -m analysis.detector evaluate --summary reports/reference.json" if kind == "base"
+           else command(ev, folder))
+    worlds = prov.get("split", {}).get("world", "?")
+    n_worlds = f"{len(worlds)} worlds ({_fit_worlds(prov, ', ')})" if isinstance(worlds, list) else f"world {_fit_worlds(prov, ', ')}"
+    head = [f"### {title}", "", f"{what}: `{ev['line']}` (`{how}`). Fit on {prov.get('fit_runs', '?')} runs "
+            f"({prov.get('fit_fell', '?')} whose gold fell) of {', '.join(prov.get('split', {}).get('files', []))} at "
+            f"seeds {prov.get('split', {}).get('seeds')} on {n_worlds}; every row but \"fit\" is scored on runs it was "
+            f"not fit on (`{folder}`: the operating curve and lead times, `detector.png`)."]
     return (head + ["",
              _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""]
             + families_text(ev.get("families"), folder))
@@ -489,9 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     ap = argparse.ArgumentParser(prog="python -m reports.reference", description=main.__doc__)
-    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (and the "
-                    "other committed evaluations under reports/detector/: the audit RMs' detector, later campaigns' runs) "
-                    "into the summary")
+    ap.add_argument("--detector", action="store_true", help="take reports/detector/evaluation.json (the default "
+                    "detector's) and the other committed evaluations under reports/detector/ (the audit RMs' default, the "
+                    "retired detectors, the campaigns) into the summary")
     ap.add_argument("--out", default=str(Path(__file__).parent), help="the reference folder (default: reports/)")
     ap.add_argument("--redecide", choices=list(RULES), metavar="KIND",
                     help="decide the claims of this rule kind again from the summary's per-run numbers (after their "

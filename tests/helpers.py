@@ -276,13 +276,17 @@ def stream(n: int, *, at: int | None = None, rate: float = 1.0, seed: int = 0, e
            cap: int = 24) -> list[dict[str, float]]:
     """Per-step metrics of a run: healthy until `at` (KL creeps, perplexities hold), then the paper's
     pattern (KL climbs, perplexity and entropy fall, lengths run to the cap, RM score climbs), faster
-    with `rate`; noise of a 32-response batch."""
-    rng = np.random.default_rng(seed)
+    with `rate`; noise of a 32-response batch. The samples' diversity (harness.signals) falls with it: fewer
+    distinct words and bigrams, more repeated bigrams (its own noise, so the other signals' draws stay as they were)."""
+    rng, div = np.random.default_rng(seed), np.random.default_rng([seed, 1])
     out = []
     for t in range(1, n + 1):
         a = 0.0 if at is None else max(0.0, t - at) * 0.05 * rate
         kl = 0.002 * t + a * entropy
+        d1, d2, rep = div.standard_normal(3) * 0.01
         out.append({
+            K.DISTINCT_1: 0.35 * math.exp(-0.3 * a) + d1, K.DISTINCT_2: 0.7 * math.exp(-0.4 * a) + d2,
+            K.REPEATED_2GRAM: min(1.0, 0.05 + 0.2 * a + abs(rep)),
             K.KL_K3: kl * (1 + 0.05 * rng.standard_normal()), K.KL: kl, K.ENTROPY: entropy * math.exp(-0.5 * a),
             K.PPL_TOKENS: 3.0 * math.exp(-0.4 * a) * (1 + 0.02 * rng.standard_normal()),
             K.PPL: 3.0 * math.exp(-0.4 * a), K.PPL_REF: 3.2 * math.exp(0.8 * a) * (1 + 0.02 * rng.standard_normal()),

@@ -14,6 +14,7 @@ from harness import tracking
 from harness.detector import (
     BASE_FEATURES,
     BASE_SIGNALS,
+    DEFAULT_PARAMS,
     DEFAULT_PARAMS_NO_AUDIT,
     FEATURES,
     Detector,
@@ -101,6 +102,22 @@ def test_the_committed_detector_loads_and_names_its_provenance():
     prov = p.provenance
     assert prov["commit"] and prov["worlds"] and prov["split"]["files"] and prov["fit_runs"] >= 20
     assert set(p.features) <= set(FEATURES) and 0 < p.threshold < 1
+
+
+@pytest.mark.parametrize("default, folder", [(DEFAULT_PARAMS_NO_AUDIT, "detector"), (DEFAULT_PARAMS, "detector/audit")])
+def test_the_default_detectors_are_the_ones_their_committed_held_out_evaluation_scored(default, folder):
+    """reports/detector/ (and audit/) hold the defaults' held-out evaluations, which the READMEs quote: each names
+    its default's file and scored that detector (its threshold, patience and provenance), on runs none of whose
+    worlds it was fit on."""
+    ev = json.loads((ROOT / "reports" / folder / "evaluation.json").read_text())
+    p = load_params(default)
+    assert ev["detector"]["file"] == default.relative_to(ROOT).as_posix()
+    assert (ev["detector"]["threshold"], ev["detector"]["patience"]) == (p.threshold, p.patience)
+    assert ev["detector"]["provenance"] == json.loads(json.dumps(p.provenance))
+    fit_worlds = p.provenance["split"]["world"]
+    held = ev["store"]["provenance"]["world.hash"]
+    assert held and not any(h.startswith(w) for h in held for w in fit_worlds)
+    assert "fit" not in ev["groups"] and ev["groups"]["held-out (all)"]["runs"] == ev["store"]["runs"]
 
 
 # ---------------------------------------------------------------- fit and score (analysis.detector)
@@ -244,7 +261,7 @@ def test_each_detector_is_scored_with_its_own_scores_even_after_another_is_freed
     gc.collect()
     assert gone() is not None  # still held by the cache, so its id is not free for another detector
     p = load_params(DEFAULT_PARAMS_NO_AUDIT)
-    late = dataclasses.replace(p, threshold=1.0 - 1e-9, patience=50)  # another detector: never warns here
+    late = dataclasses.replace(p, threshold=1.0 - 1e-9, patience=1000)  # another detector: never warns here
     assert replay(late, run.rows)[1] is None and D.warn_step(late, run) is None
 
 
@@ -258,14 +275,15 @@ def test_campaigns_scored_each_with_its_own_detector_pool_their_warnings_and_lea
     never = dataclasses.replace(base, threshold=1.0 - 1e-12, patience=1000)  # a detector that never warns
     never_file = tmp_path / "never.json"
     never_file.write_text(json.dumps(dataclasses.asdict(never)))
-    fit_world = base.provenance["split"]["world"]
+    split = base.provenance["split"]  # its world: one hash, or a list of their prefixes
+    fit_world = split["world"][0] if isinstance(split["world"], list) else split["world"]
 
     def run(i: int, world: str, at: int | None, ablation: str = "a", seed: int = 1) -> D.RunData:
         rows = stream(160, at=at, rate=2, seed=i)
         return D.RunData(f"r{i}", ablation, "v", seed, world, f"{ablation}:{i}", list(enumerate(rows, 1)), at, len(rows),
                          24, estimator="gae")
 
-    a = [run(0, "w1", 60), run(1, "w1", None), run(2, fit_world, 60, ablation="study_tricks", seed=0)]  # r2: a fit run
+    a = [run(0, "w1", 60), run(1, "w1", None), run(2, fit_world, 60, ablation=split["files"][0], seed=split["seeds"][0])]  # r2: a fit run
     b = [run(3, "w2", 60), run(4, "w2", None)]
     pooled, each, dropped = D.declared([(a, base), (b, never)])
     assert dropped == 1 and [s["runs"] for s in each] == [2, 2] and pooled["runs"] == 4
