@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -391,12 +392,30 @@ class Detector:
 
     def state_dict(self) -> dict:
         return {"features": self.features.state_dict(), "streak": self.streak,
-                "warning": None if self.warning is None else asdict(self.warning)}
+                "warning": None if self.warning is None else asdict(self.warning),
+                "params": asdict(self.params), "threshold": self.threshold}
 
     def load_state_dict(self, st: dict) -> None:
         self.features.load_state_dict(st["features"])
         self.streak = int(st["streak"])
         self.warning = Alert(**st["warning"]) if st["warning"] else None
+
+    def restored(self, st: dict) -> Detector:
+        """The detector a resumed run goes on with, its checkpointed state loaded: the one the run started with,
+        which the checkpoint holds (so a `default` that changed since, with an update, does not switch detectors in
+        the middle of a run). A checkpoint of older code holds only the state: this detector takes it where it
+        holds every signal this one reads, else this one starts over from the resumed step (said on stderr)."""
+        if st.get("params"):
+            d = Detector(validate(DetectorParams, st["params"], "the checkpoint's detector"), st.get("threshold"))
+        else:
+            d = Detector(self.params, self.threshold)
+            start = st["features"]["start"]
+            if missing := sorted(set(d.features.signals) - set(start[0])) if start else []:
+                print(f"[harness] the checkpoint's warning state is of another detector (it lacks {', '.join(missing)}): "
+                      "the warning starts over from this step", file=sys.stderr)
+                return d
+        d.load_state_dict(st)
+        return d
 
 
 def replay(params: DetectorParams, rows: Iterable[tuple[int, dict[str, float]]],

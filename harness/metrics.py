@@ -201,5 +201,5 @@ class Monitor:
         if self.truth is not None and s.get("truth"):
             self.truth.load_state_dict(s["truth"])
         if self.detector is not None and s.get("detector"):
-            self.detector.load_state_dict(s["detector"])
+            self.detector = self.detector.restored(s["detector"])
         self.warned = CollapseEvent(**s["warned"]) if s.get("warned") else None

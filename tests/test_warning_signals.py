@@ -211,6 +211,42 @@ def test_the_gap_cusum_counts_the_rise_from_the_gaps_lowest_point():
     assert out[-1]["gap_trend"] == pytest.approx(0.1 * 3)  # the last L steps: the proxy alone climbs
 
 
+
+def test_a_resumed_run_goes_on_with_the_detector_it_started_with(tmp_path, capsys):
+    """The checkpoint holds the run's detector: resumed after `collapse.detector` came to mean another one (an
+    update that changed the default), the run warns as if never killed. A checkpoint of older code (the state
+    alone) whose signals the new detector does not all find starts the warning over, and says so."""
+    from harness.config import CollapseConfig
+    from harness.metrics import Monitor
+
+    def write(name: str, **kw) -> str:
+        (tmp_path / name).write_text(json.dumps(dataclasses.asdict(DetectorParams(**kw))))
+        return str(tmp_path / name)
+
+    started = write("a.json", features=["audit_peak", "kl"], mean=[0.0, 0.0], scale=[1.0, 1.0], coef=[20.0, 0.0],
+                    intercept=-18.0, threshold=0.5, patience=2, window=3, baseline_steps=2)
+    now = write("b.json", features=["distinct_1"], mean=[0.0], scale=[1.0], coef=[1.0], intercept=50.0, threshold=0.5,
+                patience=1, window=3, baseline_steps=2)  # warns on its first scored step
+    rows = [{**m, K.DISTINCT_1: 0.4} for m in stream(80, audit_falls_at=30)]
+
+    def warnings(monitor: Monitor, steps: range) -> list[int]:
+        return [s for s in steps if K.WARNING_STEP in monitor.update(s, rows[s - 1])[0]]
+
+    whole = warnings(Monitor(CollapseConfig(detector=started), has_gold=False, has_audit=True), range(1, 81))
+    assert len(whole) == 1 and whole[0] > 20
+    first = Monitor(CollapseConfig(detector=started), has_gold=False, has_audit=True)
+    before = warnings(first, range(1, 21))
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = Monitor(CollapseConfig(detector=now), has_gold=False, has_audit=True)
+    resumed.load_state_dict(state)
+    assert before + warnings(resumed, range(21, 81)) == whole and resumed.detector.params.features == ["audit_peak", "kl"]
+    # older code's checkpoint: no detector in it, and its state lacks signal/distinct_1
+    del state["detector"]["params"], state["detector"]["threshold"]
+    older = Monitor(CollapseConfig(detector=now), has_gold=False, has_audit=True)
+    older.load_state_dict(state)
+    assert "lacks distinct_1" in capsys.readouterr().err
+    assert warnings(older, range(21, 81)) == [20 + 2 + 3]  # started over at step 21: its start and window again
+
 def test_trend_features_are_scale_free_online_and_survive_a_checkpoint():
     rows = trend_stream(50, rm=lambda t: 0.1 * t + 0.01 * (t % 3), audit=lambda t: 0.2 * min(t, 25),
                         dis=lambda t: 0.3 + 0.01 * t, kl=lambda t: 0.002 * t * t)
