@@ -281,6 +281,11 @@ CAMPAIGNS = {
         "Campaigns 8, 9 and 10's runs scored together (each folder's evaluation.json also has a row per world): "
         "campaign 8's declared detector and its no-audit sibling, fit on campaigns 1-7, on three worlds whose runs came "
         "after they were committed."),
+    "detector_campaign11": Campaign(
+        Path("detector") / "campaign11", "campaign 11",
+        f"{DECLARED} {LONG} `campaign10_fit/` and `campaign10_fit_no_audit/` are the defaults (`harness/`: campaign 10's "
+        "declared detector, fit on campaigns 1-9), scored unchanged as declared; `retired_audit/` and `retired_no_audit/` "
+        "the first committed pair; `campaign8_fit/` campaign 8's declared detector (campaigns 1-7)."),
 }
 """Summary key -> each committed campaign, scored as one table (`campaign_text`)."""
 
@@ -389,7 +394,7 @@ DETECTOR_HEADS = {
     "base": ("The early warning against the gold truth (the default: `harness/detector_params_no_audit.json`)",
              "The detector a run without audit reward models uses (`collapse.detector: default`; the one `make run` "
              "logs), fit on campaigns 1-9 as declared before campaign 10 (`reports/detector/campaign10/fit/`) and "
-             "scored here on campaign 10's runs, a world it never saw"),
+             "scored here on the runs of every campaign since, on worlds it never saw"),
     "audit": ("The early warning with audit reward models (the default: `harness/detector_params.json`)",
               "The detector a run uses when it scores its samples with audit reward models "
               "(`model.audit_reward_paths`; on the world: `python -m harness.world build --audit-rms 3`), fit with "
