@@ -39,6 +39,7 @@ steps in a row (the step the warning is raised: what a trainer could act on).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -344,6 +345,13 @@ def resolve_params(spec: str, has_audit: bool = True) -> DetectorParams | None:
     if spec == "default":
         return load_params(DEFAULT_PARAMS if has_audit and DEFAULT_PARAMS.is_file() else DEFAULT_PARAMS_NO_AUDIT)
     return load_params(spec)
+
+
+def fingerprint(params: DetectorParams) -> str:
+    """What a run records of the detector it ran with (tag provenance.detector, beside the run's other provenance): the
+    commit it was fit at and a hash of its parameters, so the warnings of two runs are known to come from one detector."""
+    blob = json.dumps(asdict(params), sort_keys=True, default=str).encode()
+    return f"fit at {params.provenance.get('commit', '?')}, sha256 {hashlib.sha256(blob).hexdigest()[:12]}"
 
 
 def needs_audit(params: DetectorParams) -> bool:

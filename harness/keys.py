@@ -140,6 +140,7 @@ TAG_ROLE = "harness.role"  # "train" | "parent" | "world"
 TAG_PID = "harness.pid"  # the process that trains the run (rank 0), set whenever it (re)opens the run
 TAG_ADV_ESTIMATOR = "harness.adv_estimator"  # ppo.adv_estimator of a train run
 TAG_CRITIC_FREE = "harness.critic_free"  # "true" when that estimator trains no critic
+TAG_DETECTOR = "provenance.detector"  # the warning detector a run ran with (harness.detector.fingerprint)
 # Set by the ablation runner / sweeps on child runs:
 TAG_ABLATION = "harness.ablation"
 TAG_FIGURE = "harness.figure"

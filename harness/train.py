@@ -33,6 +33,7 @@ from .config import (
     to_dict,
     to_yaml,
 )
+from .detector import fingerprint
 from .metrics import Monitor
 
 OnStep = Callable[[int, dict[str, float]], bool]
@@ -378,6 +379,9 @@ def _train_loop(cfg: TrainConfig, env: parallel.DistEnv, run: RunLog, run_dir: P
             run.log({f"critic_pretrain/{key.split('/')[-1]}": v for key, v in m.items() if key.startswith("val/")}, step=k)
         if log.eval_every:
             run.log(evaluate(0), step=0)
+
+    if detector.detector is not None:  # the detector it runs with (a resumed run's: the one it started with)
+        run.tags({keys.TAG_DETECTOR: fingerprint(detector.detector.params)})
 
     def checkpoint(step: int) -> None:
         # trainer.state_dict() is collective under ZeRO: every rank gathers, rank 0 writes

@@ -216,8 +216,7 @@ class Section:
                     "logged steps, peak = largest logged value")
             note += ("; collapsed = seeds marked collapsed (mean collapse step: the gold onset on the embedded "
                      "world)") if "collapsed" in self.metrics else ""
-            note += ("; warned = seeds the early-warning detector they ran with warned (no gold used), lead = gold onset − warning "
-                     "step over the warned seeds whose gold fell, median (range)") if "warned" in self.metrics else ""
+            note += warned_note(self.data.runs) if "warned" in self.metrics else ""
             note += ("; best step = per seed, the step of the best held-out eval before collapse (its policy: "
                      "best_policy.pt in the run folder)") if "best step" in self.metrics else ""
             rows, n = [list(self.metrics.columns)] + self.metrics.astype(str).values.tolist(), self.metrics.shape[1]
@@ -290,6 +289,16 @@ def final_peak_table(data: AblationData) -> pd.DataFrame:
         table["best step"] = [", ".join(fmt(x) for x in data.runs.loc[data.runs["variant"] == v, "best_step"].dropna())
                               or "–" for v in data.variants]
     return table
+
+
+def warned_note(runs: pd.DataFrame) -> str:
+    """The metrics table's note on its warned and lead columns, naming the detector(s) the runs ran with (their tag
+    provenance.detector; runs of older code have none): a committed page and a fresh run can differ there."""
+    key = K.TAG_DETECTOR.removeprefix("provenance.")
+    ran = sorted({p[key] for p in runs.get("provenance", []) if key in p})
+    return ("; warned = seeds the early-warning detector they ran with warned (no gold used"
+            + (f"; the detector {' and '.join(ran)}" if ran else "") + "), lead = gold onset − warning step over the "
+            "warned seeds whose gold fell, median (range)")
 
 
 def _leads(runs: pd.DataFrame) -> str:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis.synthetic import Curve, write_ablation, write_world_ablation
+from harness import keys as K
 from harness import tracking
 from harness.registry import REPO_ROOT
 from reports.build import COMBINED, build
@@ -397,3 +398,21 @@ def test_a_campaigns_families_folder_adds_its_table_and_an_older_layouts_keys_ar
     assert "46 runs of world 3d8413f0. " in text
     no_audit_first = {k: v for k, v in evs.items() if k != "audit"}  # families/ now the first folder
     assert "46 runs of world 3d8413f0. " in "\n".join(reference.campaign_text(no_audit_first, reference.CAMPAIGNS["detector_campaign3"]))
+
+
+def test_the_warned_column_names_the_detector_its_runs_ran_with(tmp_path):
+    """The metrics table's note names the detector(s) of the runs' tag provenance.detector (harness.detector.fingerprint),
+    so a committed page and a fresh run with another default say which detector each warned with; older runs: none."""
+    from analysis.store import load_ablation
+    from analysis.synthetic import Curve, write_ablation
+    from harness.registry import Registry, Variant
+    from reports.build import warned_note
+
+    reg = Registry(name="warned", figure="4", variants=[Variant("early", {})], panels=[K.RM_SCORE])
+    old, new = str(tmp_path / "old.db"), str(tmp_path / "new.db")
+    write_ablation(f"sqlite:///{old}", "warned", "4", {"early": Curve(collapse_at=30, warn_at=22)}, seeds=[0, 1], steps=40,
+                   sample_every=0)
+    write_ablation(f"sqlite:///{new}", "warned", "4", {"early": Curve(collapse_at=30, warn_at=22)}, seeds=[0, 1], steps=40,
+                   sample_every=0, provenance={"detector": "fit at 8fd8cc6, sha256 0123456789ab"})
+    assert "the detector" not in warned_note(load_ablation(reg, f"sqlite:///{old}").runs)
+    assert "; the detector fit at 8fd8cc6, sha256 0123456789ab)" in warned_note(load_ablation(reg, f"sqlite:///{new}").runs)

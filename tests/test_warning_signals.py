@@ -22,7 +22,9 @@ from harness.detector import (
     Features,
     GaoFit,
     family_features,
+    fingerprint,
     least_squares_slope,
+    load_params,
     needs_audit,
     reads_audit,
     replay,
@@ -349,6 +351,7 @@ def test_each_action_acts_once_on_the_warning_step(tiny_world, tmp_path, action)
     c = tracking.client(cfg.logging.tracking_uri)
     tags = c.get_run(res.run_id).data.tags
     assert tags[K.TAG_WARNING_ACTION] == action
+    assert tags[K.TAG_DETECTOR] == fingerprint(load_params(cfg.collapse.detector))  # the detector it ran with
     assert [(m.step, m.value) for m in c.get_metric_history(res.run_id, K.ACTION_STEP)] == [(17, 17.0)]
     eta = dict((m.step, m.value) for m in c.get_metric_history(res.run_id, K.KL_COEF))
     if action == "stop":
