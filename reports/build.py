@@ -295,7 +295,7 @@ def warned_note(runs: pd.DataFrame) -> str:
     """The metrics table's note on its warned and lead columns, naming the detector(s) the runs ran with (their tag
     provenance.detector; runs of older code have none): a committed page and a fresh run can differ there."""
     key = K.TAG_DETECTOR.removeprefix("provenance.")
-    ran = sorted({p[key] for p in runs.get("provenance", []) if key in p})
+    ran = sorted({p[key] for p in runs.get("provenance", []) if isinstance(p, dict) and key in p})
     return ("; warned = seeds the early-warning detector they ran with warned (no gold used"
             + (f"; the detector {' and '.join(ran)}" if ran else "") + "), lead = gold onset − warning step over the "
             "warned seeds whose gold fell, median (range)")
