@@ -4,8 +4,8 @@
 # times each file's steps: Fig. 6 at 480, the 200-step files at 800), each with the world's audit RMs and
 # collapse.stop_on_collapse, into a store of its own; then the runs file the detector scores in seconds:
 #   python -m analysis.detector evaluate --runs OUT/runs.npz --params harness/detector_params.json
-# Campaigns 3-9 ran this plan (46 runs on 2 cores with 2 workers, the world build included: about 40 min at
-# budgets 400/240 (campaigns 3-6), 66 min at 800/240 (7), 53-57 min at 800/480 (8, 9: worlds where more runs fell)).
+# Campaigns 3-11 ran this plan (46 runs on 2 cores with 2 workers, the world build included: about 40 min at
+# budgets 400/240 (campaigns 3-6), 66 min at 800/240 (7), 53-71 min at 800/480 (8-11: worlds where more runs fell)).
 #
 # usage: bench/detector_campaign.sh WORLD_SEED OUT_DIR [WORKERS] [STEPS] [FIG6_STEPS]
 #   WORLD_SEED  a world seed no detector was fit on (built once, cached under .harness/worlds/)
