@@ -17,7 +17,7 @@ from harness.registry import REPO_ROOT
 from reports.build import COMBINED, build
 from reports.build import main as build_main
 
-from helpers import ETAS, fast_dir, pdf_text, store_uri, write_registry
+from helpers import ETAS, fast_dir, pdf_text, sqlite_uri, store_uri, write_registry
 
 SWEEP_YAML = """
 name: sweep_x
@@ -409,10 +409,9 @@ def test_the_warned_column_names_the_detector_its_runs_ran_with(tmp_path):
     from reports.build import warned_note
 
     reg = Registry(name="warned", figure="4", variants=[Variant("early", {})], panels=[K.RM_SCORE])
-    old, new = str(tmp_path / "old.db"), str(tmp_path / "new.db")
-    write_ablation(f"sqlite:///{old}", "warned", "4", {"early": Curve(collapse_at=30, warn_at=22)}, seeds=[0, 1], steps=40,
-                   sample_every=0)
-    write_ablation(f"sqlite:///{new}", "warned", "4", {"early": Curve(collapse_at=30, warn_at=22)}, seeds=[0, 1], steps=40,
-                   sample_every=0, provenance={"detector": "fit at 8fd8cc6, sha256 0123456789ab"})
-    assert "the detector" not in warned_note(load_ablation(reg, f"sqlite:///{old}").runs)
-    assert "; the detector fit at 8fd8cc6, sha256 0123456789ab)" in warned_note(load_ablation(reg, f"sqlite:///{new}").runs)
+    old, new = sqlite_uri(tmp_path / "old.db"), sqlite_uri(tmp_path / "new.db")
+    write_ablation(old, "warned", "4", {"early": Curve(collapse_at=30, warn_at=22)}, seeds=[0, 1], steps=40, sample_every=0)
+    write_ablation(new, "warned", "4", {"early": Curve(collapse_at=30, warn_at=22)}, seeds=[0, 1], steps=40, sample_every=0,
+                   provenance={"detector": "fit at 8fd8cc6, sha256 0123456789ab"})
+    assert "the detector" not in warned_note(load_ablation(reg, old).runs)
+    assert "; the detector fit at 8fd8cc6, sha256 0123456789ab)" in warned_note(load_ablation(reg, new).runs)
