@@ -59,7 +59,7 @@ from harness import provenance, tracking
 from harness.registry import REPO_ROOT, Registry, RegistryError, UnknownAblation, ablation_names, paper_key
 from harness.summary import TRAIN_TABLE, WORLD_TABLE, describe, fmt, fmt_mean_sd
 from harness.tracking import redact
-from reports.reference import GENERATED, write_reference
+from reports.reference import GENERATED, fit_worlds_text, write_reference
 
 # Images go into the PDF as binary streams: the ASCII85 text encoding (reportlab's default)
 # runs in pure Python here and costs about a second per report for nothing a reader sees.
@@ -433,10 +433,9 @@ def detector_flowables(found: tuple[Path, dict] | None, st) -> list:
         return []
     folder, ev = found
     prov = ev.get("detector", {}).get("provenance", {})
-    worlds = prov.get("split", {}).get("world")
     note = (f"{ev['line']}. Fit on {prov.get('fit_runs', '?')} runs of {', '.join(prov.get('split', {}).get('files', []))} "
-            f"(seeds {prov.get('split', {}).get('seeds')}) on {len(worlds) if isinstance(worlds, list) else 'one'} "
-            "world(s); every row but \"fit\" is out of sample. Recall: gold "
+            f"(seeds {prov.get('split', {}).get('seeds')}) on {fit_worlds_text(prov)}; every row but \"fit\" is out of "
+            "sample. Recall: gold "
             "falls warned; false alarms: runs whose gold never fell that were warned; lead = gold onset − warning step. "
             "Intervals: Clopper-Pearson, percentile bootstrap (analysis/detector.py).")
     out = [P("The early warning against the gold truth", st["h1"]),

@@ -384,6 +384,14 @@ def _fit_worlds(prov: dict, sep: str) -> str:
     return sep.join(w[:8] for w in world) if isinstance(world, list) else str(world)[:8]
 
 
+def fit_worlds_text(prov: dict) -> str:
+    """'N worlds (a, b, ...)' or 'world a': where a detector was fit, as the README's sections and the combined report's
+    page say it."""
+    several = isinstance(prov.get("split", {}).get("world"), list)
+    return (f"{len(prov['split']['world'])} worlds ({_fit_worlds(prov, ', ')})" if several
+            else f"world {_fit_worlds(prov, ', ')}")
+
+
 def _split_flags(prov: dict) -> str:
     split = prov.get("split", {})
     return (f"--fit-world {_fit_worlds(prov, ',')} --fit-files {','.join(split.get('files', []))} "
@@ -421,11 +429,9 @@ def detector_text(ev: dict | None, kind: str = "base", where: Path = Path("detec
     title, what = DETECTOR_HEADS[kind]
     how = ("python -m analysis.detector evaluate --summary reports/reference.json" if kind == "base"
            else command(ev, folder))
-    worlds = prov.get("split", {}).get("world", "?")
-    n_worlds = f"{len(worlds)} worlds ({_fit_worlds(prov, ', ')})" if isinstance(worlds, list) else f"world {_fit_worlds(prov, ', ')}"
     head = [f"### {title}", "", f"{what}: `{ev['line']}` (`{how}`). Fit on {prov.get('fit_runs', '?')} runs "
             f"({prov.get('fit_fell', '?')} whose gold fell) of {', '.join(prov.get('split', {}).get('files', []))} at "
-            f"seeds {prov.get('split', {}).get('seeds')} on {n_worlds}; every row but \"fit\" is scored on runs it was "
+            f"seeds {prov.get('split', {}).get('seeds')} on {fit_worlds_text(prov)}; every row but \"fit\" is scored on runs it was "
             f"not fit on (`{folder}`: the operating curve and lead times, `detector.png`)."]
     return (head + ["",
              _row(rows[0]), _row(["---"] * len(rows[0]))] + [_row(r) for r in rows[1:]] + [""]
